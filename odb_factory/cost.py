@@ -1,0 +1,90 @@
+"""Cost observation: what a processed sample costs, measured after the real pipeline.
+
+A cost function takes one processed sample (the dataset's `__getitem__` output, after
+templating, tokenisation and vision-token expansion) and returns a `SampleCost`. It runs in
+the DataLoader workers, next to the pipeline, so it must be picklable (a module-level
+function or a class instance, not a lambda, under the spawn start method).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+
+class SampleCost(NamedTuple):
+    tokens: int            # LLM tokens: what the padded/packed budget is made of
+    label_tokens: int      # supervised tokens (labels != ignore_index): the loss denominator
+    vision_patches: int = 0  # vision-encoder patches (before spatial merge)
+
+
+CostFn = Callable[[Any], SampleCost]
+
+
+class MissingCostKeyError(KeyError):
+    """A sample lacks the key the cost function reads."""
+
+
+def _length(value: Any) -> int:
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return int(shape[-1]) if len(shape) else 1
+    return len(value)
+
+
+def _count_not_equal(values: Any, ignore_index: int) -> int:
+    if hasattr(values, "ne"):  # torch tensor
+        return int(values.ne(ignore_index).sum())
+    if hasattr(values, "shape"):  # numpy array
+        return int((values != ignore_index).sum())
+    return sum(1 for v in values if v != ignore_index)
+
+
+def _count_in(values: Any, token_ids: Sequence[int]) -> int:
+    wanted = set(token_ids)
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    return sum(1 for v in values if v in wanted)
+
+
+class DefaultCost:
+    """LLM tokens = len(input_ids); supervised tokens = #(labels != ignore_index);
+    vision patches from `image_grid_thw` (sum of t*h*w) or, when the sample carries no grid,
+    `#(vision pad tokens) * spatial_merge_size**2`."""
+
+    def __init__(self, length_key: str = "input_ids", label_key: Optional[str] = "labels",
+                 ignore_index: int = -100, image_grid_key: str = "image_grid_thw",
+                 vision_token_ids: Sequence[int] = (), spatial_merge_size: int = 2):
+        self.length_key = length_key
+        self.label_key = label_key
+        self.ignore_index = ignore_index
+        self.image_grid_key = image_grid_key
+        self.vision_token_ids = tuple(vision_token_ids)
+        self.spatial_merge_size = spatial_merge_size
+
+    @classmethod
+    def from_config(cls, config) -> "DefaultCost":
+        return cls(config.length_key, config.label_key, config.ignore_index,
+                   config.image_grid_key, config.vision_token_ids, config.spatial_merge_size)
+
+    def __call__(self, sample: Any) -> SampleCost:
+        try:
+            ids = sample[self.length_key]
+        except (KeyError, TypeError, IndexError) as exc:
+            keys = list(sample.keys()) if hasattr(sample, "keys") else type(sample).__name__
+            raise MissingCostKeyError(
+                f"sample has no '{self.length_key}' to measure its length (it has: {keys}); "
+                f"set ODBConfig.length_key or pass cost_fn=") from exc
+        tokens = _length(ids)
+        label_tokens = tokens
+        if self.label_key is not None and hasattr(sample, "get") and sample.get(self.label_key) is not None:
+            label_tokens = _count_not_equal(sample[self.label_key], self.ignore_index)
+        patches = 0
+        grid = sample.get(self.image_grid_key) if hasattr(sample, "get") else None
+        if grid is not None:
+            rows = grid.tolist() if hasattr(grid, "tolist") else grid
+            if rows and not isinstance(rows[0], (list, tuple)):
+                rows = [rows]
+            patches = sum(int(t) * int(h) * int(w) for t, h, w in rows)
+        elif self.vision_token_ids:
+            patches = _count_in(ids, self.vision_token_ids) * self.spatial_merge_size ** 2
+        return SampleCost(tokens, label_tokens, patches)

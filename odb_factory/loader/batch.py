@@ -1,0 +1,38 @@
+"""What the training loop receives for one step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
+
+
+@dataclass
+class ODBBatch:
+    """One step on this rank.
+
+    data: the collate function's output for this rank's group (for an IDLE step, a
+        one-sample filler batch whose loss must be multiplied by `loss_scale` = 0: the step
+        still runs forward/backward so DDP/ZeRO collectives stay aligned).
+    indices: dataset indices trained on this rank in this step ([] when idle).
+    num_tokens: supervised tokens (labels != ignore_index) of this rank's group.
+    global_num_tokens: supervised tokens of all ranks over this step's gradient-accumulation
+        window (the exact loss denominator).
+    loss_scale: multiply this rank's per-token *mean* loss by it; with DDP's gradient
+        average the result is the gradient of the global per-token mean (see README).
+    """
+    data: Any
+    indices: List[int]
+    num_tokens: int
+    global_num_tokens: int
+    loss_scale: float
+    is_idle: bool
+    epoch: int
+    step: int
+    num_input_tokens: int = 0
+    padded_tokens: int = 0
+    global_num_samples: int = 0
+    metrics: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.indices)

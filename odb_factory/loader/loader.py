@@ -1,0 +1,251 @@
+"""ODBDataLoader: the public loader that yields aligned, token-budgeted steps.
+
+Pipeline per rank (docs/dgap.md has the protocol):
+  sample workers (dataset pipeline + cost, null collate)
+    -> planner thread (window, grouping, alignment over the Gloo side channel)
+    -> collation workers (user collate_fn, one group each, in parallel)
+    -> training loop (ODBBatch with exact loss scale)
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+from torch.utils.data import DataLoader
+
+from ..config import ODBConfig
+from ..cost import CostFn, DefaultCost
+from ..planning.grouping import Budget
+from ..planning.rounds import RankPlanner
+from ..planning.views import cycling_view, epoch_view
+from .batch import ODBBatch
+from .collate import CollateJob, PlanSampler, StepPlan
+from .fetch import CostedDataset, ViewSampler, identity, in_thread_samples
+from .metrics import LoaderMetrics
+from .planner import PlannerThread
+from .sync import SyncChannel
+
+logger = logging.getLogger("odb_factory")
+
+
+class ODBDataLoader:
+    """Token-budgeted, DDP-aligned batches formed after the dataset's own pipeline.
+
+    Example::
+
+        cfg = ODBConfig(token_budget=4096, join=True, loss_scaling="exact", seed=0)
+        loader = ODBDataLoader(dataset, cfg, collate_fn=my_collate, num_workers=2)
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            for step in loader:
+                loss = token_mean_loss(model(**step.data)) * step.loss_scale
+                loss.backward(); optimizer.step(); optimizer.zero_grad()
+
+    Inside an initialised process group the loader takes rank and world size from it and
+    creates its own Gloo group for alignment (construct loaders in the same order on every
+    rank). Every rank yields the same number of steps per epoch.
+    """
+
+    def __init__(self, dataset: Any, config: Optional[ODBConfig] = None, *,
+                 collate_fn: Callable[[List[Any]], Any] = identity,
+                 cost_fn: Optional[CostFn] = None, num_workers: Optional[int] = None,
+                 num_collate_workers: Optional[int] = None):
+        self.config = config = config or ODBConfig()
+        if num_workers is not None:
+            config.num_workers = num_workers
+        if num_collate_workers is not None:
+            config.num_collate_workers = num_collate_workers
+        config.validate()
+        try:
+            self.num_samples = len(dataset)
+        except TypeError:
+            raise TypeError("ODBDataLoader needs a map-style dataset with __len__ "
+                            f"(got {type(dataset).__name__})") from None
+        self.sync = SyncChannel.create(config.sync_timeout_s)
+        self.rank, self.world_size = self.sync.rank, self.sync.world_size
+        if self.num_samples < self.world_size:
+            raise ValueError(f"the dataset has {self.num_samples} samples, fewer than the "
+                             f"{self.world_size} ranks: every rank needs at least one")
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self._costed = CostedDataset(dataset, cost_fn or DefaultCost.from_config(config))
+        self._epoch = 0
+        self._consumed: Dict[int, List[int]] = {}      # epoch -> indices trained on this rank
+        self._consumed_global: Dict[int, int] = {}     # epoch -> samples trained by all ranks
+        self._resume: Optional[dict] = None
+        self._checked = False
+        self._active: Optional[Iterator[ODBBatch]] = None
+        self.metrics = LoaderMetrics()
+        self._view_sampler = ViewSampler()
+        self._plan_sampler = PlanSampler()
+        self._sample_loader = self._make_loader(self._costed, self._view_sampler, config.num_workers)
+        self._collate_loader = self._make_loader(CollateJob(collate_fn), self._plan_sampler,
+                                                 config.num_collate_workers)
+        # Start persistent workers now, before any planner thread exists, so later epochs
+        # never fork a multi-threaded process.
+        for loader in (self._sample_loader, self._collate_loader):
+            if loader is not None:
+                for _ in loader:
+                    pass
+
+    def _make_loader(self, dataset, sampler, workers: int) -> Optional[DataLoader]:
+        if workers == 0 and dataset is self._costed:
+            return None  # the planner thread runs the pipeline itself
+        kwargs = dict(batch_size=None, sampler=sampler, collate_fn=identity, num_workers=workers)
+        if workers > 0:
+            kwargs.update(persistent_workers=True, prefetch_factor=self.config.prefetch_factor,
+                          multiprocessing_context=self.config.multiprocessing_context)
+        return DataLoader(dataset, **kwargs)
+
+    # ---------------------------------------------------------------- epochs and state
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = int(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def state_dict(self) -> dict:
+        """This rank's resumable state (no collective). Save it per rank."""
+        return {"version": 1, "epoch": self._epoch, "rank": self.rank, "world_size": self.world_size,
+                "consumed": sorted(self._consumed.get(self._epoch, [])),
+                "consumed_global": self._consumed_global.get(self._epoch, 0),
+                "steps": self.metrics.epoch_steps.get(self._epoch, 0),
+                "config": self.config.planning_fingerprint()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a state saved by state_dict() on this rank; the next iteration of that
+        epoch skips every index any rank already trained (join) or the trained count
+        (non-join). Resuming with another world size is not supported."""
+        if state.get("world_size") != self.world_size:
+            raise ValueError(f"ODB state was saved with world size {state.get('world_size')}, "
+                             f"this run has {self.world_size}")
+        if tuple(state["config"]) != tuple(self.config.planning_fingerprint()):
+            raise ValueError("ODB state was saved with different planning options "
+                             f"({state['config']} vs {self.config.planning_fingerprint()})")
+        self._epoch = state["epoch"]
+        self._resume = state
+
+    # ---------------------------------------------------------------- iteration
+    def __iter__(self) -> Iterator[ODBBatch]:
+        if self._active is not None:
+            self._active.close()
+        self._active = self._iterate(self._epoch)
+        return self._active
+
+    def _check_ranks_agree(self) -> None:
+        mine = {"config": self.config.planning_fingerprint(), "dataset_len": self.num_samples}
+        every = self.sync.all_gather(mine, "config check")
+        for rank, theirs in enumerate(every):
+            if theirs != mine:
+                diff = [k for k in mine if mine[k] != theirs[k]]
+                raise ValueError(f"ODB options differ between rank {self.rank} and rank {rank} in "
+                                 f"{diff}: {mine} vs {theirs}; every rank must use the same "
+                                 "ODBConfig planning fields and the same dataset")
+        self._checked = True
+
+    def _restore_epoch(self, epoch: int) -> tuple:
+        """(indices already trained by any rank, samples trained by all ranks) for epoch."""
+        state, self._resume = self._resume, None
+        if state is None or state["epoch"] != epoch:
+            self._consumed[epoch] = []
+            self._consumed_global[epoch] = 0
+            return set(), 0
+        every = self.sync.all_gather(state["consumed"], "resume", epoch)
+        trained = set().union(*map(set, every))
+        self._consumed[epoch] = list(state["consumed"])
+        self._consumed_global[epoch] = state["consumed_global"]
+        self.metrics.epoch_steps[epoch] = state["steps"]
+        return trained, state["consumed_global"]
+
+    def _iterate(self, epoch: int) -> Iterator[ODBBatch]:
+        cfg = self.config
+        if not self._checked:
+            self._check_ranks_agree()
+        trained, trained_count = self._restore_epoch(epoch)
+        view = [i for i in epoch_view(self.num_samples, self.world_size, self.rank, cfg.seed,
+                                      epoch, cfg.shuffle) if i not in trained]
+        quota = None
+        if not cfg.join:
+            quota = (cfg.quota or self.num_samples) - trained_count
+            order = cycling_view(view, cfg.seed, epoch, self.rank)
+        else:
+            order = view
+        if self._sample_loader is None:
+            samples = in_thread_samples(self._costed, order)
+        else:
+            self._view_sampler.order = order
+            samples = iter(self._sample_loader)
+        planner = RankPlanner(Budget.from_config(cfg), cfg.buffer_size, iter(()), rank=self.rank,
+                              over_budget=cfg.over_budget, quota=quota,
+                              shuffle_seed=f"{cfg.seed}:{epoch}")
+        plans: "queue.Queue" = queue.Queue(maxsize=cfg.outstanding_depth)
+        stop = threading.Event()
+        first = view[0] if view else self.rank % self.num_samples
+        thread = PlannerThread(planner, samples, self.sync, epoch, cfg.gradient_accumulation_steps,
+                               plans, stop, filler=lambda: self.dataset[first],
+                               step_offset=self.metrics.epoch_steps.get(epoch, 0))
+        if quota is not None and quota <= 0:
+            return
+        thread.start()
+        self._plan_sampler.attach(plans, thread)
+        try:
+            if self._collate_loader is None:
+                job = CollateJob(self.collate_fn)
+                steps = (job[plan] for plan in self._plan_sampler)
+            else:
+                steps = iter(self._collate_loader)
+            while True:
+                start = time.perf_counter()
+                try:
+                    plan, data = next(steps)
+                except StopIteration:
+                    break
+                yield self._to_batch(plan, data, time.perf_counter() - start)
+        finally:
+            stop.set()
+            thread.join(timeout=cfg.sync_timeout_s)
+            self._plan_sampler.detach()
+            if thread.is_alive():
+                logger.warning("ODB planner thread of rank %d did not stop within %.0fs",
+                               self.rank, cfg.sync_timeout_s)
+
+    def _to_batch(self, plan: StepPlan, data: Any, wait_s: float) -> ODBBatch:
+        cfg = self.config
+        if plan.is_idle or plan.global_num_tokens == 0:
+            scale = 0.0
+        elif cfg.loss_scaling == "exact":
+            scale = self.world_size * plan.num_tokens / plan.global_num_tokens
+        else:
+            scale = 1.0
+        metrics = self.metrics.record(plan, wait_s)
+        self._consumed.setdefault(plan.epoch, []).extend(plan.indices)
+        self._consumed_global[plan.epoch] = self._consumed_global.get(plan.epoch, 0) + plan.global_num_samples
+        return ODBBatch(data=data, indices=list(plan.indices), num_tokens=plan.num_tokens,
+                        global_num_tokens=plan.global_num_tokens, loss_scale=scale,
+                        is_idle=plan.is_idle, epoch=plan.epoch, step=plan.step,
+                        num_input_tokens=plan.num_input_tokens, padded_tokens=plan.padded_tokens,
+                        global_num_samples=plan.global_num_samples, metrics=metrics)
+
+    # ---------------------------------------------------------------- shutdown
+    def close(self) -> None:
+        """Stop the current epoch (if any) and shut down all worker processes."""
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+        for loader in (self._sample_loader, self._collate_loader):
+            iterator = getattr(loader, "_iterator", None) if loader is not None else None
+            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+            if loader is not None:
+                loader._iterator = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

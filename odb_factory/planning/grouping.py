@@ -1,0 +1,116 @@
+"""Greedy token-budget grouping of one buffer window.
+
+Samples are sorted longest first and cut into maximal contiguous runs whose cost fits the
+budget. For the padded cost `n * roundup(max_len)` (and the packed cost, and a vision-patch
+cap) a sub-run of a feasible run is feasible, so taking the longest feasible run at every
+cut gives the fewest groups among all partitions into runs of the sorted order: no sample
+is forced alone, and only the last (shortest) group can be partial.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Hashable, List, Optional, Sequence
+
+from ..cost import SampleCost
+
+
+@dataclass(frozen=True)
+class PlannedSample:
+    uid: Hashable          # unique within a rank's epoch (an index may recur in non-join mode)
+    index: int             # dataset index, what ledgers record
+    cost: SampleCost
+
+
+@dataclass(frozen=True)
+class Budget:
+    token_budget: int
+    cost_mode: str = "padded"          # "padded" | "packed"
+    pad_to_multiple_of: int = 1
+    max_vision_patches: Optional[int] = None
+
+    @classmethod
+    def from_config(cls, config) -> "Budget":
+        return cls(config.token_budget, config.cost_mode, config.pad_to_multiple_of,
+                   config.max_vision_patches)
+
+    def padded_length(self, tokens: int) -> int:
+        m = self.pad_to_multiple_of
+        return int(math.ceil(tokens / m) * m)
+
+    def group_cost(self, samples: Sequence[PlannedSample]) -> int:
+        """Tokens the group occupies: padded `n * roundup(max)` or packed `sum`."""
+        if not samples:
+            return 0
+        if self.cost_mode == "packed":
+            return sum(s.cost.tokens for s in samples)
+        return len(samples) * self.padded_length(max(s.cost.tokens for s in samples))
+
+    def fits(self, samples: Sequence[PlannedSample]) -> bool:
+        if self.group_cost(samples) > self.token_budget:
+            return False
+        if self.max_vision_patches is not None:
+            return sum(s.cost.vision_patches for s in samples) <= self.max_vision_patches
+        return True
+
+
+class OverBudgetError(ValueError):
+    """A single sample exceeds the budget and the policy is 'error'."""
+
+
+@dataclass
+class Grouping:
+    groups: List[List[PlannedSample]]
+    over_budget: List[PlannedSample] = field(default_factory=list)  # trained as singletons
+
+
+def sort_key(sample: PlannedSample):
+    # Longest first; ties broken by uid so every run of the planner is reproducible.
+    return (-sample.cost.tokens, -sample.cost.vision_patches, sample.uid)
+
+
+def form_groups(samples: Sequence[PlannedSample], budget: Budget,
+                over_budget: str = "singleton") -> Grouping:
+    """Partition `samples` into groups that each fit `budget` (see module docstring).
+
+    A sample that does not fit even alone is put in a group of its own (policy
+    "singleton", reported in `Grouping.over_budget`) or raises OverBudgetError naming it.
+    """
+    ordered = sorted(samples, key=sort_key)
+    groups: List[List[PlannedSample]] = []
+    oversized: List[PlannedSample] = []
+    current: List[PlannedSample] = []
+    head_len = packed = patches = 0  # running cost of `current`; its head is its longest
+    for sample in ordered:
+        tokens, vision = sample.cost.tokens, sample.cost.vision_patches
+        if not budget.fits([sample]):
+            if over_budget == "error":
+                raise OverBudgetError(
+                    f"sample {sample.index} costs {budget.group_cost([sample])} tokens"
+                    f" ({tokens} LLM tokens, {vision} vision patches) alone, over the token"
+                    f" budget {budget.token_budget}"
+                    + (f" / vision cap {budget.max_vision_patches}" if budget.max_vision_patches else "")
+                    + "; raise the budget, lower cutoff_len/image pixels, or set over_budget='singleton'")
+            oversized.append(sample)
+            groups.append([sample])
+            continue
+        if current:
+            # Appending a shorter sample never raises the group's max length, so this is
+            # the whole feasibility test of the longer run.
+            if budget.cost_mode == "packed":
+                cost = packed + tokens
+            else:
+                cost = (len(current) + 1) * budget.padded_length(head_len)
+            vision_ok = (budget.max_vision_patches is None
+                         or patches + vision <= budget.max_vision_patches)
+            if cost <= budget.token_budget and vision_ok:
+                current.append(sample)
+                packed += tokens
+                patches += vision
+                continue
+            groups.append(current)
+        current, head_len, packed, patches = [sample], tokens, tokens, vision
+    if current:
+        groups.append(current)
+    return Grouping(groups, oversized)
