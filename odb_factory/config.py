@@ -45,6 +45,7 @@ class ODBConfig:
     over_budget: a sample whose own cost exceeds the budget: "singleton" trains it alone and
         counts it in the metrics (with a warning); "error" raises naming the sample.
     length_key, label_key, ignore_index: where the default cost function finds the tokens.
+    label_shift: count supervised tokens as a shifted causal-LM loss sees them (labels[1:]).
     image_grid_key: key of the (num_images, 3) grid (t, h, w) in patches, if samples carry it.
     vision_token_ids, spatial_merge_size: if set, vision patches are counted as
         `#(tokens in vision_token_ids) * spatial_merge_size**2` when no grid is present.
@@ -70,6 +71,7 @@ class ODBConfig:
     length_key: str = "input_ids"
     label_key: Optional[str] = "labels"
     ignore_index: int = -100
+    label_shift: bool = True
     image_grid_key: str = "image_grid_thw"
     vision_token_ids: Sequence[int] = field(default_factory=tuple)
     spatial_merge_size: int = 2
@@ -122,11 +124,12 @@ class ODBConfig:
                 raise ValueError(unknown_key_message(key, known, prefix=""))
         return cls(**dict(values))
 
-    def planning_fingerprint(self) -> tuple:
+    def planning_fields(self) -> dict:
         """The fields that must agree on every rank, or ranks would plan differently."""
-        return (self.token_budget, self.join, self.quota, self.loss_scaling,
-                self.gradient_accumulation_steps, self.seed, self.shuffle, self.buffer_size,
-                self.pad_to_multiple_of, self.cost_mode, self.max_vision_patches, self.over_budget)
+        names = ("token_budget", "join", "quota", "loss_scaling", "gradient_accumulation_steps",
+                 "seed", "shuffle", "buffer_size", "pad_to_multiple_of", "cost_mode",
+                 "max_vision_patches", "over_budget", "label_shift")
+        return {name: getattr(self, name) for name in names}
 
 
 def unknown_key_message(key: str, known: Sequence[str], prefix: str) -> str:

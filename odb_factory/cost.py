@@ -20,7 +20,7 @@ class SampleCost(NamedTuple):
 CostFn = Callable[[Any], SampleCost]
 
 
-class MissingCostKeyError(KeyError):
+class MissingCostKeyError(LookupError):
     """A sample lacks the key the cost function reads."""
 
 
@@ -47,24 +47,28 @@ def _count_in(values: Any, token_ids: Sequence[int]) -> int:
 
 
 class DefaultCost:
-    """LLM tokens = len(input_ids); supervised tokens = #(labels != ignore_index);
+    """LLM tokens = len(input_ids); supervised tokens = #(labels[1:] != ignore_index)
+    (the tokens a shifted causal-LM loss averages over; label_shift=False counts all);
     vision patches from `image_grid_thw` (sum of t*h*w) or, when the sample carries no grid,
     `#(vision pad tokens) * spatial_merge_size**2`."""
 
     def __init__(self, length_key: str = "input_ids", label_key: Optional[str] = "labels",
                  ignore_index: int = -100, image_grid_key: str = "image_grid_thw",
-                 vision_token_ids: Sequence[int] = (), spatial_merge_size: int = 2):
+                 vision_token_ids: Sequence[int] = (), spatial_merge_size: int = 2,
+                 label_shift: bool = True):
         self.length_key = length_key
         self.label_key = label_key
         self.ignore_index = ignore_index
         self.image_grid_key = image_grid_key
         self.vision_token_ids = tuple(vision_token_ids)
         self.spatial_merge_size = spatial_merge_size
+        self.label_shift = label_shift
 
     @classmethod
     def from_config(cls, config) -> "DefaultCost":
         return cls(config.length_key, config.label_key, config.ignore_index,
-                   config.image_grid_key, config.vision_token_ids, config.spatial_merge_size)
+                   config.image_grid_key, config.vision_token_ids, config.spatial_merge_size,
+                   config.label_shift)
 
     def __call__(self, sample: Any) -> SampleCost:
         try:
@@ -77,7 +81,10 @@ class DefaultCost:
         tokens = _length(ids)
         label_tokens = tokens
         if self.label_key is not None and hasattr(sample, "get") and sample.get(self.label_key) is not None:
-            label_tokens = _count_not_equal(sample[self.label_key], self.ignore_index)
+            labels = sample[self.label_key]
+            # A causal LM predicts token i+1 from i: the first label never enters the loss.
+            label_tokens = _count_not_equal(labels[1:] if self.label_shift else labels,
+                                            self.ignore_index)
         patches = 0
         grid = sample.get(self.image_grid_key) if hasattr(sample, "get") else None
         if grid is not None:

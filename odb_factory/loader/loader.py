@@ -115,7 +115,7 @@ class ODBDataLoader:
                 "consumed": sorted(self._consumed.get(self._epoch, [])),
                 "consumed_global": self._consumed_global.get(self._epoch, 0),
                 "steps": self.metrics.epoch_steps.get(self._epoch, 0),
-                "config": self.config.planning_fingerprint()}
+                "config": self.config.planning_fields()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a state saved by state_dict() on this rank; the next iteration of that
@@ -124,9 +124,11 @@ class ODBDataLoader:
         if state.get("world_size") != self.world_size:
             raise ValueError(f"ODB state was saved with world size {state.get('world_size')}, "
                              f"this run has {self.world_size}")
-        if tuple(state["config"]) != tuple(self.config.planning_fingerprint()):
+        changed = {k: (v, state["config"].get(k)) for k, v in self.config.planning_fields().items()
+                   if state["config"].get(k) != v}
+        if changed:
             raise ValueError("ODB state was saved with different planning options "
-                             f"({state['config']} vs {self.config.planning_fingerprint()})")
+                             f"(option: (now, saved)) {changed}; resume with the same options")
         self._epoch = state["epoch"]
         self._resume = state
 
@@ -138,14 +140,15 @@ class ODBDataLoader:
         return self._active
 
     def _check_ranks_agree(self) -> None:
-        mine = {"config": self.config.planning_fingerprint(), "dataset_len": self.num_samples}
+        mine = dict(self.config.planning_fields(), dataset_length=self.num_samples)
         every = self.sync.all_gather(mine, "config check")
         for rank, theirs in enumerate(every):
-            if theirs != mine:
-                diff = [k for k in mine if mine[k] != theirs[k]]
-                raise ValueError(f"ODB options differ between rank {self.rank} and rank {rank} in "
-                                 f"{diff}: {mine} vs {theirs}; every rank must use the same "
-                                 "ODBConfig planning fields and the same dataset")
+            for key, value in mine.items():
+                if theirs[key] != value:
+                    raise ValueError(
+                        f"ODB option '{key}' differs between rank {self.rank} ({value!r}) and "
+                        f"rank {rank} ({theirs[key]!r}); every rank must use the same ODBConfig "
+                        "planning options and the same dataset")
         self._checked = True
 
     def _restore_epoch(self, epoch: int) -> tuple:

@@ -1,0 +1,116 @@
+"""Per-rank capacity caps shared by every planner.
+
+Both caps have the form ``count <= K(longest length on the rank)`` with ``K`` non-increasing,
+which is what makes the exact feasibility check below (longest-first greedy) exact.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Caps:
+    max_samples: int | None = None
+    max_padded_tokens: float | None = None
+
+    @staticmethod
+    def build(max_samples: int | None, max_padded_tokens: float | None,
+              have_lengths: bool) -> "Caps":
+        if max_samples is not None:
+            if isinstance(max_samples, bool) or int(max_samples) != max_samples or max_samples < 1:
+                raise ValueError(f"max_samples_per_rank must be an integer >= 1, got {max_samples!r}")
+            max_samples = int(max_samples)
+        if max_padded_tokens is not None:
+            t = float(max_padded_tokens)
+            if not (math.isfinite(t) and t > 0):
+                raise ValueError(
+                    f"max_padded_tokens_per_rank must be finite and > 0, got {max_padded_tokens!r}"
+                )
+            if not have_lengths:
+                raise ValueError("max_padded_tokens_per_rank needs lengths_per_rank")
+            max_padded_tokens = t
+        return Caps(max_samples, max_padded_tokens)
+
+    @property
+    def active(self) -> bool:
+        return self.max_samples is not None or self.max_padded_tokens is not None
+
+    def describe(self) -> str:
+        parts = []
+        if self.max_samples is not None:
+            parts.append(f"max_samples_per_rank={self.max_samples}")
+        if self.max_padded_tokens is not None:
+            parts.append(f"max_padded_tokens_per_rank={self.max_padded_tokens:g}")
+        return " and ".join(parts) or "no caps"
+
+    def accepts(self, count: int, max_len: float, length: float) -> bool:
+        """Can a rank holding ``count`` samples (longest ``max_len``) take one more?"""
+        if self.max_samples is not None and count + 1 > self.max_samples:
+            return False
+        if self.max_padded_tokens is not None:
+            return (count + 1) * max(max_len, length) <= self.max_padded_tokens
+        return True
+
+    def accepts_many(self, counts: np.ndarray, max_lens: np.ndarray,
+                     lengths: np.ndarray | None) -> np.ndarray:
+        """Vectorised ``accepts``: boolean matrix [sample, rank]."""
+        n = 1 if lengths is None else lengths.shape[0]
+        ok = np.ones((n, counts.shape[0]), dtype=bool)
+        if self.max_samples is not None:
+            ok &= (counts + 1 <= self.max_samples)[None, :]
+        if self.max_padded_tokens is not None and lengths is not None:
+            padded = (counts + 1)[None, :] * np.maximum(max_lens[None, :], lengths[:, None])
+            ok &= padded <= self.max_padded_tokens
+        return ok
+
+    def max_count(self, longest: float, remaining: int) -> int:
+        """Most samples one rank may hold when its longest sample has length ``longest``."""
+        k = remaining
+        if self.max_samples is not None:
+            k = min(k, self.max_samples)
+        if self.max_padded_tokens is not None and longest > 0:
+            return largest_multiple(longest, self.max_padded_tokens, k)
+        return k
+
+
+def largest_multiple(unit: float, limit: float, k_max: int) -> int:
+    """Largest k in [0, k_max] with ``k * unit <= limit`` as computed in float64.
+
+    Uses the product itself (not a rounded quotient) so every caller agrees exactly.
+    """
+    if unit <= 0:
+        return k_max
+    q = limit / unit
+    k = k_max if q >= k_max else max(int(q), 0)
+    while k > 0 and k * unit > limit:
+        k -= 1
+    while k < k_max and (k + 1) * unit <= limit:
+        k += 1
+    return k
+
+
+def fits_on(caps: Caps, lengths_desc: np.ndarray | None, n: int, num_ranks: int) -> bool:
+    """Exact: can ``n`` samples (lengths sorted descending) be placed on ``num_ranks`` ranks?
+
+    Longest-first greedy: the rank holding the longest remaining sample may as well take as
+    many of the next longest as the caps allow (swapping shorter for longer never hurts).
+    """
+    p, used = 0, 0
+    while p < n:
+        longest = 0.0 if lengths_desc is None else float(lengths_desc[p])
+        k = caps.max_count(longest, n - p)
+        if k == 0 or used == num_ranks:
+            return False
+        p, used = p + k, used + 1
+    return True
+
+
+def infeasible_error(caps: Caps, n: int, num_ranks: int) -> ValueError:
+    return ValueError(
+        f"infeasible caps: {n} samples cannot be placed on {num_ranks} ranks with "
+        f"{caps.describe()}"
+    )

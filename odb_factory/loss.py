@@ -1,0 +1,31 @@
+"""Exact token-level loss scaling for variable-size steps.
+
+With DDP the gradient is averaged over W ranks. If rank r computes the per-token mean loss
+over its t_r supervised tokens and multiplies it by w_r = W * t_r / T (T = supervised
+tokens of all ranks over the accumulation window), the averaged gradient is
+    (1/W) * sum_r W * t_r / T * grad(S_r / t_r) = grad(sum_r S_r) / T,
+the gradient of the global per-token mean: what one process would compute on all samples.
+`ODBBatch.loss_scale` is that w_r (0 for IDLE steps).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def token_mean_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100,
+                    shift: bool = True) -> torch.Tensor:
+    """Causal-LM cross entropy averaged over supervised tokens (0 if there are none)."""
+    if shift:
+        logits, labels = logits[..., :-1, :], labels[..., 1:]
+    total = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
+                            ignore_index=ignore_index, reduction="sum")
+    count = labels.ne(ignore_index).sum()
+    return total / count.clamp(min=1)
+
+
+def scaled_loss(step, logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100,
+                shift: bool = True) -> torch.Tensor:
+    """The loss to call backward() on for one ODBBatch under DDP gradient averaging."""
+    return token_mean_loss(logits, labels, ignore_index, shift) * step.loss_scale

@@ -1,0 +1,68 @@
+"""Run a function on N real gloo ranks (separate processes) and collect their results."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import socket
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any, Callable, List
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn, rank, world, port, out_dir, args):
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    result: Any
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        result = ("ok", fn(rank, world, *args))
+    except BaseException as exc:  # report, do not hang the parent
+        result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    Path(out_dir, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def run_world(fn: Callable, world: int, *args, start_method: str = "spawn",
+              timeout: float = 300.0, expect_errors: bool = False) -> List[Any]:
+    """fn(rank, world, *args) on `world` processes; returns the per-rank results.
+
+    A rank that raised yields ("error", text) when expect_errors, else the test fails.
+    """
+    ctx = mp.get_context(start_method)
+    port = free_port()
+    with tempfile.TemporaryDirectory() as out_dir:
+        procs = [ctx.Process(target=_entry, args=(fn, r, world, port, out_dir, args), daemon=False)
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout)
+        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        if hung:
+            raise AssertionError(f"ranks {hung} did not finish within {timeout}s")
+        results = []
+        for r in range(world):
+            path = Path(out_dir, f"rank{r}.pkl")
+            if not path.exists():
+                raise AssertionError(f"rank {r} died without a result (exit code {procs[r].exitcode})")
+            status, value = pickle.loads(path.read_bytes())
+            if status == "error" and not expect_errors:
+                raise AssertionError(f"rank {r} failed:\n{value}")
+            results.append((status, value) if expect_errors else value)
+        return results
