@@ -34,6 +34,8 @@ class ODBConfig:
         (and of the gradient-accumulation window); "none" gives loss_scale = 1.
     gradient_accumulation_steps: micro-steps per optimizer step; the exact loss scale then
         normalises over the whole window.
+    pad_epoch_to_accumulation: end every epoch with IDLE steps up to a multiple of
+        gradient_accumulation_steps, for trainers that step the optimizer every N micro-steps.
     seed, shuffle: the per-(seed, epoch) permutation that defines each rank's view.
     buffer_size: B, samples a rank holds when it forms groups. Larger windows sort better
         (less padding) but delay the first step and hold more samples in memory.
@@ -60,6 +62,7 @@ class ODBConfig:
     quota: Optional[int] = None
     loss_scaling: str = "exact"
     gradient_accumulation_steps: int = 1
+    pad_epoch_to_accumulation: bool = False
     seed: int = 0
     shuffle: bool = True
     buffer_size: int = 256

@@ -191,7 +191,8 @@ class ODBDataLoader:
         first = view[0] if view else self.rank % self.num_samples
         thread = PlannerThread(planner, samples, self.sync, epoch, cfg.gradient_accumulation_steps,
                                plans, stop, filler=lambda: self.dataset[first],
-                               step_offset=self.metrics.epoch_steps.get(epoch, 0))
+                               step_offset=self.metrics.epoch_steps.get(epoch, 0),
+                               pad_to_window=cfg.pad_epoch_to_accumulation)
         if quota is not None and quota <= 0:
             return
         thread.start()

@@ -27,7 +27,7 @@ class PlannerThread(threading.Thread):
     def __init__(self, planner: RankPlanner, samples: Iterator[Tuple[int, Any, SampleCost]],
                  sync: SyncChannel, epoch: int, accumulation: int,
                  out: "queue.Queue", stop: threading.Event,
-                 filler: Callable[[], Any], step_offset: int = 0):
+                 filler: Callable[[], Any], step_offset: int = 0, pad_to_window: bool = False):
         super().__init__(name=f"odb-planner-rank{sync.rank}-epoch{epoch}", daemon=True)
         self.planner = planner
         self.samples = samples
@@ -38,6 +38,7 @@ class PlannerThread(threading.Thread):
         self.stop = stop
         self.fetch_filler = filler
         self.step = step_offset
+        self.pad_to_window = pad_to_window
         self.payloads: Dict[int, Any] = {}
         self.filler: Optional[Any] = None
         self.planner.stream = self._stream()
@@ -89,6 +90,11 @@ class PlannerThread(threading.Thread):
                 if len(window) == self.accumulation:
                     self._emit(window)
                     window = []
+        if window and self.pad_to_window:
+            # IDLE steps complete the last accumulation window, so the trainer's
+            # every-N-micro-steps optimizer step also covers the epoch's last samples.
+            while len(window) < self.accumulation:
+                window.append((Slot((), planner.round, len(window), 0, 0, 0), {}))
         if window:
             self._emit(window)
         self.payloads.clear()

@@ -1,0 +1,97 @@
+"""Trainer callback: schedule by samples, true epoch progress, per-rank ODB state in every
+checkpoint, the audit ledger and ODB metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+from transformers import TrainerCallback
+
+from . import state
+
+STATE_FILE = "odb_state_rank{rank}.json"
+
+
+def state_path(checkpoint_dir: str, rank: int) -> Path:
+    return Path(checkpoint_dir) / STATE_FILE.format(rank=rank)
+
+
+class ODBCallback(TrainerCallback):
+    def __init__(self, train_loader_of: Callable[[], Any], rank: int, audit_dir: Optional[str],
+                 row_of: Callable[[int], int], max_steps_from_user: bool, num_train_epochs: float):
+        self.train_loader_of = train_loader_of
+        self.rank = rank
+        self.audit_path = Path(audit_dir) / f"rank{rank}.jsonl" if audit_dir else None
+        self.row_of = row_of
+        self.max_steps_from_user = max_steps_from_user
+        self.num_train_epochs = num_train_epochs
+        self.window: Dict[str, float] = {}
+
+    def on_train_begin(self, args, state_, control, **kwargs):
+        if self.audit_path is not None:
+            self.audit_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def on_step_end(self, args, trainer_state, control, **kwargs):
+        loader = self.train_loader_of()
+        steps = loader.take_pending()
+        self._record(trainer_state, loader, steps)
+        epoch = loader.loader.epoch
+        trainer_state.epoch = epoch + min(1.0, loader.epoch_consumed / max(1, loader.epoch_samples))
+        if not self.max_steps_from_user:
+            # Keep HF's step bound ahead of the real count until the data says stop, and
+            # let the estimate follow the samples actually consumed.
+            done = state.progress.fraction
+            estimate = round(trainer_state.global_step / done) if done > 0 else trainer_state.max_steps
+            trainer_state.max_steps = max(estimate, trainer_state.global_step + 2)
+            if trainer_state.epoch >= self.num_train_epochs - 1e-9:
+                control.should_training_stop = True
+            else:
+                control.should_training_stop = False
+        return control
+
+    def on_train_end(self, args, trainer_state, control, **kwargs):
+        if not self.max_steps_from_user:
+            trainer_state.max_steps = trainer_state.global_step
+
+    def on_save(self, args, trainer_state, control, **kwargs):
+        loader = self.train_loader_of()
+        checkpoint = Path(args.output_dir) / f"checkpoint-{trainer_state.global_step}"
+        if checkpoint.is_dir():
+            payload = {"loader": loader.loader.state_dict(), "epoch_consumed": loader.epoch_consumed,
+                       "progress": [state.progress.consumed, state.progress.total]}
+            state_path(str(checkpoint), self.rank).write_text(json.dumps(payload))
+
+    def _record(self, trainer_state, loader, steps: List[Any]) -> None:
+        real = sum(s.num_input_tokens for s in steps)
+        padded = sum(s.padded_tokens for s in steps)
+        for step in steps:
+            for key, value in step.metrics.items():
+                self.window[key] = self.window.get(key, 0.0) + value
+        self.window["micro_steps"] = self.window.get("micro_steps", 0.0) + len(steps)
+        if self.audit_path is not None:
+            line = {"step": trainer_state.global_step, "epoch": loader.loader.epoch,
+                    "indices": [self.row_of(i) for s in steps for i in s.indices],
+                    "real_tokens": real, "padded_tokens": padded,
+                    "micro_steps": len(steps), "idle_micro_steps": sum(s.is_idle for s in steps)}
+            with self.audit_path.open("a") as f:
+                f.write(json.dumps(line) + "\n")
+
+    def pop_log_metrics(self) -> Dict[str, float]:
+        """ODB figures since the last log line, for the trainer's logs (and TensorBoard)."""
+        w, self.window = self.window, {}
+        micro = w.get("micro_steps", 0.0)
+        if not micro:
+            return {}
+        padded = w.get("padded_tokens", 0.0)
+        return {
+            "odb/padding_efficiency": round(w.get("real_tokens", 0.0) / padded, 4) if padded else 0.0,
+            "odb/tokens_per_step": round(w.get("real_tokens", 0.0) / micro, 1),
+            "odb/samples_per_step": round(w.get("samples", 0.0) / micro, 2),
+            "odb/splits": w.get("splits", 0.0),
+            "odb/overflow_groups": w.get("overflow_groups", 0.0),
+            "odb/idle_steps": w.get("idle", 0.0),
+            "odb/data_wait_s": round(w.get("data_wait_s", 0.0), 4),
+        }

@@ -1,0 +1,31 @@
+"""What the patched LLaMA-Factory functions share within one process: the `odb_*`
+options parsed for this run, and the training progress the LR schedule follows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .arguments import ODBArguments
+
+# Set by the parser patch when the run's YAML has odb_enable: true; None otherwise, and
+# then every patch falls through to upstream behaviour.
+current: Optional[ODBArguments] = None
+
+
+@dataclass
+class SampleProgress:
+    """Fraction of all samples of the run trained so far (all ranks, all epochs)."""
+    consumed: int = 0
+    total: int = 0
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, self.consumed / self.total) if self.total else 0.0
+
+
+progress = SampleProgress()
+
+
+def active() -> Optional[ODBArguments]:
+    return current if current is not None and current.odb_enable else None
