@@ -4,3 +4,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """The embedded tiny Qwen3-VL (random weights, built offline)."""
+    from odb_factory.demo.tiny_model import build_tiny_qwen3vl
+    return build_tiny_qwen3vl(tmp_path_factory.mktemp("models") / "tiny_qwen3vl", seed=0)
+
+
+@pytest.fixture(scope="session")
+def demo_data(tmp_path_factory):
+    """The generated mixed text/image demo set (heavy-tailed lengths)."""
+    from odb_factory.demo.synthetic_data import write_demo_dataset
+    out = tmp_path_factory.mktemp("data") / "odb_demo"
+    write_demo_dataset(out, num_samples=96, seed=0)
+    return out

@@ -6,10 +6,11 @@ which is what makes the exact feasibility check below (longest-first greedy) exa
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from .inputs import positive_int, positive_real
 
 
 @dataclass(frozen=True)
@@ -21,18 +22,11 @@ class Caps:
     def build(max_samples: int | None, max_padded_tokens: float | None,
               have_lengths: bool) -> "Caps":
         if max_samples is not None:
-            if isinstance(max_samples, bool) or int(max_samples) != max_samples or max_samples < 1:
-                raise ValueError(f"max_samples_per_rank must be an integer >= 1, got {max_samples!r}")
-            max_samples = int(max_samples)
+            max_samples = positive_int(max_samples, "max_samples_per_rank")
         if max_padded_tokens is not None:
-            t = float(max_padded_tokens)
-            if not (math.isfinite(t) and t > 0):
-                raise ValueError(
-                    f"max_padded_tokens_per_rank must be finite and > 0, got {max_padded_tokens!r}"
-                )
+            max_padded_tokens = positive_real(max_padded_tokens, "max_padded_tokens_per_rank")
             if not have_lengths:
                 raise ValueError("max_padded_tokens_per_rank needs lengths_per_rank")
-            max_padded_tokens = t
         return Caps(max_samples, max_padded_tokens)
 
     @property

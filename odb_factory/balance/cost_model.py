@@ -74,10 +74,11 @@ def fit_stage_cost_model(lengths: ArrayLike, times: ArrayLike) -> StageCostFit:
     pred = x @ coef
     ss_res = float(np.sum((t - pred) ** 2))
     ss_tot = float(np.sum((t - t.mean()) ** 2))
-    if ss_tot > 0:
+    noise = 1e-24 * max(1.0, float(np.sum(t * t)))  # float rounding level of the sums
+    if ss_tot > noise:
         r2 = 1.0 - ss_res / ss_tot
     else:  # constant times: R^2 is undefined; report 1 for an exact fit, 0 otherwise
-        r2 = 1.0 if ss_res <= 1e-24 * max(1.0, float(np.sum(t * t))) else 0.0
+        r2 = 1.0 if ss_res <= noise else 0.0
     pos = t > 0
     mre = float(np.mean(np.abs(pred[pos] - t[pos]) / t[pos])) if pos.any() else 0.0
     return StageCostFit(model, r2, mre)

@@ -7,6 +7,8 @@ Every planner works on flat arrays indexed by a *sample id*; sample ids are assi
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +31,21 @@ class Samples:
         return int(self.src.shape[0])
 
 
+def positive_int(value: object, name: str) -> int:
+    """``value`` as an int >= 1 (ints, integral floats, numpy integers), else ValueError."""
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not (real and float(value).is_integer() and value >= 1):
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def positive_real(value: object, name: str) -> float:
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not (real and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    return float(value)
+
+
 def _row(values: object, name: str, rank: int) -> np.ndarray:
     try:
         arr = np.asarray(values, dtype=np.float64)
@@ -40,7 +57,7 @@ def _row(values: object, name: str, rank: int) -> np.ndarray:
     if bad.size:
         p = int(bad[0])
         raise ValueError(
-            f"{name}[{rank}][{p}] = {arr[p]!r}: values must be finite and non-negative"
+            f"{name}[{rank}][{p}] = {float(arr[p])!r}: values must be finite and non-negative"
         )
     return arr + 0.0  # turns -0.0 into 0.0 so bit-level comparisons agree
 

@@ -100,11 +100,12 @@ def _repair(st: _State, target: float) -> None:
 
 def _step(st: _State, r: int, target: float) -> tuple[int, int] | None:
     s = st.s
+    load = st.loads[r]
     idx = np.asarray(st.members[r], dtype=np.int64)
-    idx = idx[s.cost[idx] > 0]  # moving a free sample never helps
+    idx = idx[load - s.cost[idx] < load]  # only samples whose removal lowers the load
     if idx.shape[0] == 0:
         return None
-    c, size, load = s.cost[idx], s.size[idx], st.loads[r]
+    c, size = s.cost[idx], s.size[idx]
     ok = st.accepts(idx, r)
     fits = ok & (st.loads[None, :] + c[:, None] <= target)
     rows = np.flatnonzero(fits.any(axis=1))
@@ -118,7 +119,7 @@ def _step(st: _State, r: int, target: float) -> tuple[int, int] | None:
         return int(idx[row]), _destination(st, int(idx[row]), fits[row], target)
     # No move stays within the target: take the one that lowers the pair maximum the most.
     new_dst = st.loads[None, :] + c[:, None]
-    good = ok & (new_dst < load) & ((load - c) < load)[:, None]
+    good = ok & (new_dst < load)
     rr, dd = np.nonzero(good)
     if rr.shape[0] == 0:
         return None

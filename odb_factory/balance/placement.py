@@ -43,15 +43,40 @@ def kept_bytes(m: np.ndarray, perm: np.ndarray) -> float:
     return math.fsum(m[np.arange(m.shape[0]), perm].tolist())
 
 
+def optimal_edges(a: np.ndarray, perm: np.ndarray) -> np.ndarray:
+    """Mask of (g, r) pairs used by *some* assignment maximising the sum of ``a``.
+
+    ``perm`` is one optimal assignment. Column potentials are shortest-path distances in its
+    exchange graph (moving group g from rank perm[g] to r gains a[g, r] - a[g, perm[g]]; no
+    improving cycle exists because perm is optimal). They give optimal LP duals, and by
+    complementary slackness the optimal assignments are exactly the perfect matchings of the
+    zero-reduced-cost pairs. With integer byte counts all of this is exact integer arithmetic.
+    """
+    m = a.shape[0]
+    own = a[np.arange(m), perm]
+    step = np.empty_like(a)
+    step[perm, :] = own[:, None] - a  # loss of moving the group on rank x to rank r
+    v = np.zeros(m)
+    for _ in range(m):  # Bellman-Ford, vectorised over edges
+        nv = np.minimum(v, (v[:, None] + step).min(axis=0))
+        if np.array_equal(nv, v):
+            break
+        v = nv
+    reduced = own[:, None] - a + v[perm][:, None] - v[None, :]  # >= 0, 0 on perm
+    scale = float(np.abs(a).max(initial=0.0)) * m
+    integral = bool(np.all(a == np.round(a))) and scale < 2.0**52
+    return reduced <= (0.5 if integral else 1e-12 * (scale + 1.0))
+
+
 def assign_groups(a: np.ndarray, ranks_per_node: int) -> np.ndarray:
     """Rank of each group, lexicographically optimal for (bytes kept on rank, on node)."""
-    b = same_node_bytes(a, ranks_per_node)
     _, first = linear_sum_assignment(a, maximize=True)
-    # Second key as a small tie-breaker: with integer byte counts any change in kept-on-rank
-    # bytes is >= 1 and outweighs eps * (all bytes) < 1. For fractional sizes the check below
-    # still guarantees the first key is never given up.
-    eps = 1.0 / (2.0 * (float(b.sum()) + 1.0))
-    _, both = linear_sum_assignment(a + eps * b, maximize=True)
+    tight = optimal_edges(a, first)
+    if tight.sum() == a.shape[0]:
+        return first  # the optimum on key 1 is unique
+    b = same_node_bytes(a, ranks_per_node)
+    _, both = linear_sum_assignment(np.where(tight, b, -np.inf), maximize=True)
+    # Guard for fractional sizes, where "tight" is up to rounding: never give up key 1.
     return both if kept_bytes(a, both) >= kept_bytes(a, first) else first
 
 

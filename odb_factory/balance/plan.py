@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .caps import Caps
-from .inputs import Samples, flatten
+from .inputs import Samples, flatten, positive_int
 from .lpt import lpt_groups
 from .min_move import min_move
 from .padded import padded_cost, padded_groups
@@ -78,11 +79,18 @@ def _rank_costs(per_rank: list[np.ndarray], padded: bool) -> list[float]:
     return [math.fsum(u.tolist()) for u in per_rank]
 
 
-def _check_ranks_per_node(ranks_per_node: int) -> int:
-    if isinstance(ranks_per_node, bool) or int(ranks_per_node) != ranks_per_node \
-            or ranks_per_node < 1:
-        raise ValueError(f"ranks_per_node must be an integer >= 1, got {ranks_per_node!r}")
-    return int(ranks_per_node)
+def _assemble(s: Samples, unit: np.ndarray, dest: np.ndarray, padded: bool
+              ) -> tuple[list[list[tuple[int, int]]], list[float], list[float]]:
+    """Per-rank destination lists (sorted by source) and per-rank cost before and after."""
+    m = s.num_ranks
+    order = np.lexsort((s.pos, s.src, dest))
+    cut = np.searchsorted(dest[order], np.arange(m + 1))
+    destinations = [list(zip(s.src[order[a:b]].tolist(), s.pos[order[a:b]].tolist()))
+                    for a, b in zip(cut[:-1], cut[1:])]
+    after = [unit[order[a:b]] for a, b in zip(cut[:-1], cut[1:])]
+    cut = np.searchsorted(s.src, np.arange(m + 1))  # samples come sorted by source already
+    before = [unit[a:b] for a, b in zip(cut[:-1], cut[1:])]
+    return destinations, _rank_costs(before, padded), _rank_costs(after, padded)
 
 
 def balance(costs_per_rank: Sequence[Sequence[float]], ranks_per_node: int = 8,
@@ -106,10 +114,11 @@ def balance(costs_per_rank: Sequence[Sequence[float]], ranks_per_node: int = 8,
                          "between ranks directly)")
     if tolerance is not None and mode != "min_move":
         raise ValueError("tolerance is only used by mode='min_move'")
-    tol = DEFAULT_TOLERANCE if tolerance is None else float(tolerance)
-    if not (math.isfinite(tol) and tol >= 0):
+    tol = DEFAULT_TOLERANCE if tolerance is None else tolerance
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) \
+            or not (math.isfinite(tol) and tol >= 0):
         raise ValueError(f"tolerance must be finite and >= 0, got {tolerance!r}")
-    rpn = _check_ranks_per_node(ranks_per_node)
+    rpn = positive_int(ranks_per_node, "ranks_per_node")
     s = flatten(costs_per_rank, sizes_per_rank, lengths_per_rank)
     caps = Caps.build(max_samples_per_rank, max_padded_tokens_per_rank, s.length is not None)
     unit = _unit_costs(s, mode, cost_model)
@@ -130,15 +139,7 @@ def balance(costs_per_rank: Sequence[Sequence[float]], ranks_per_node: int = 8,
         dest = np.empty(s.n, dtype=np.int64)
         for g, members in enumerate(groups):
             dest[members] = rank_of_group[g]
-    order = np.lexsort((s.pos, s.src, dest))  # per rank, by (source_rank, position)
-    bounds = np.searchsorted(dest[order], np.arange(m + 1))
-    destinations = [list(zip(s.src[order[a:b]].tolist(), s.pos[order[a:b]].tolist()))
-                    for a, b in zip(bounds[:-1], bounds[1:])]
-    per_dest = [unit[order[a:b]] for a, b in zip(bounds[:-1], bounds[1:])]
-    src_bounds = np.searchsorted(s.src, np.arange(m + 1))  # samples come sorted by source
-    per_src = [unit[a:b] for a, b in zip(src_bounds[:-1], src_bounds[1:])]
+    destinations, cost_before, cost_after = _assemble(s, unit, dest, mode == "padded")
     moved, intra, inter = movement(dest, s.src, s.size, rpn)
-    padded = mode == "padded"
-    return BalancePlan(mode, method, destinations, _rank_costs(per_src, padded),
-                       _rank_costs(per_dest, padded), lower_bound, moved, intra, inter,
-                       target, met)
+    return BalancePlan(mode, method, destinations, cost_before, cost_after, lower_bound,
+                       moved, intra, inter, target, met)

@@ -57,7 +57,7 @@ def make_lexicon(seed: int = 0, size: int = 3000) -> list[str]:
             seen.add(word)
             words.append(word)
     # frequent words tend to be short, as in natural text
-    words.sort(key=lambda w: (len(w) + rng.random() * 6))
+    words.sort(key=lambda w: len(w) + rng.random() * 6)
     return words
 
 

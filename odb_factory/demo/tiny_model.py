@@ -35,9 +35,7 @@ BPE_VOCAB_SIZE = 2000  # incl. the 256 byte symbols; special tokens come after, 
 VOCAB_PAD_MULTIPLE = 64  # embedding rows are rounded up (Qwen's vocab_size > len(tokenizer) too)
 
 # Same pre-tokenization as transformers' Qwen2Tokenizer, so the trained merges fit the loaded tokenizer.
-QWEN_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 # Special tokens in Qwen's order (ids follow the BPE vocab).
 SPECIAL_TOKENS = (
@@ -135,8 +133,9 @@ def is_complete_build(out_dir: str | Path, seed: int | None = None, kind: str = 
     if seed is not None and marker.get("seed") != seed:
         return False
     files = marker.get("files") or {}
-    return bool(files) and all((out / name).is_file() and (out / name).stat().st_size == size
-                               for name, (size, _) in files.items())
+    return bool(files) and all(
+        (out / name).is_file() and (out / name).stat().st_size == size for name, (size, _) in files.items()
+    )
 
 
 def _corpus(seed: int) -> list[str]:
@@ -150,8 +149,7 @@ def _corpus(seed: int) -> list[str]:
 
 def _train_tokenizer(seed: int):
     """Train the byte-level BPE (deterministic) and wrap it as transformers' Qwen2Tokenizer."""
-    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
-    from tokenizers import AddedToken
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
     from tokenizers.models import BPE
     from transformers import Qwen2Tokenizer
 
