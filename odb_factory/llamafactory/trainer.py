@@ -41,17 +41,14 @@ def token_sum_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any =
     return total / num_items_in_batch
 
 
-class SampleProgressLambda:
+def sample_progress_lambda(original, num_training_steps: int):
     """An LR lambda evaluated at the run's sample progress instead of the optimizer step
     count: with variable batches the number of steps is only known at the end, samples
-    are. Plain attributes only, so LambdaLR's state_dict stays picklable."""
-
-    def __init__(self, original, num_training_steps: int):
-        self.original = original
-        self.num_training_steps = num_training_steps
-
-    def __call__(self, _step: int) -> float:
-        return self.original(state.progress.fraction * self.num_training_steps)
+    are. A plain function, so LambdaLR saves no state for it (checkpoints stay loadable
+    with weights_only=True) and the progress comes from the restored ODB state."""
+    def lr_lambda(_step: int) -> float:
+        return original(state.progress.fraction * num_training_steps)
+    return lr_lambda
 
 
 class ODBTrainerMixin:
@@ -59,6 +56,8 @@ class ODBTrainerMixin:
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        from odb_factory_patches import torch_serialization
+        torch_serialization.apply()  # resuming CPU multi-process runs (see that file)
         self._odb = state.active()
         self._odb_train_loader: Optional[TrainLoader] = None
         if self._odb.odb_loss_scaling == "exact":
@@ -151,7 +150,7 @@ class ODBTrainerMixin:
                 logger.warning("ODB: %s is not a LambdaLR; its schedule follows optimizer steps "
                                "(an estimate with variable batches)", type(scheduler).__name__)
             else:
-                scheduler.lr_lambdas = [SampleProgressLambda(f, num_training_steps) for f in lambdas]
+                scheduler.lr_lambdas = [sample_progress_lambda(f, num_training_steps) for f in lambdas]
         return scheduler
 
     def log(self, logs, *args, **kwargs):
