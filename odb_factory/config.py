@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional, Sequence
 COST_MODES = ("padded", "packed")
 OVER_BUDGET_POLICIES = ("singleton", "error")
 LOSS_SCALINGS = ("exact", "none")
+BALANCE_MODES = ("padded", "lpt", "min_move")
 
 
 @dataclass
@@ -51,6 +52,13 @@ class ODBConfig:
     image_grid_key: key of the (num_images, 3) grid (t, h, w) in patches, if samples carry it.
     vision_token_ids, spatial_merge_size: if set, vision patches are counted as
         `#(tokens in vision_token_ids) * spatial_merge_size**2` when no grid is present.
+    balance: post-balance every aligned step across ranks (OrchMLLM): the step's samples are
+        re-dealt so each rank's LLM-stage cost is even, within `token_budget` per rank.
+    balance_mode: "padded" (cost = n * g(max len), for padding collators), "lpt" (cost =
+        sum, for packed/padding-free models) or "min_move" (few moves, within tolerance).
+    balance_tolerance: min_move only, allowed excess of the slowest rank over the bound.
+    ranks_per_node: node size for traffic accounting and placement (default: torchrun's
+        LOCAL_WORLD_SIZE, else all ranks on one node).
     num_workers: DataLoader workers that run the dataset's per-sample pipeline.
     num_collate_workers: processes that collate groups in parallel (0: in the training thread).
     sync_timeout_s: timeout of every alignment collective; a timeout names rank and round.
@@ -78,6 +86,10 @@ class ODBConfig:
     image_grid_key: str = "image_grid_thw"
     vision_token_ids: Sequence[int] = field(default_factory=tuple)
     spatial_merge_size: int = 2
+    balance: bool = False
+    balance_mode: str = "padded"
+    balance_tolerance: float = 0.02
+    ranks_per_node: Optional[int] = None
     num_workers: int = 0
     num_collate_workers: int = 0
     prefetch_factor: int = 2
@@ -110,6 +122,9 @@ class ODBConfig:
         _check_choice("cost_mode", self.cost_mode, COST_MODES)
         _check_choice("over_budget", self.over_budget, OVER_BUDGET_POLICIES)
         _check_choice("loss_scaling", self.loss_scaling, LOSS_SCALINGS)
+        _check_choice("balance_mode", self.balance_mode, BALANCE_MODES)
+        if self.ranks_per_node is not None and self.ranks_per_node <= 0:
+            raise ValueError(f"ODBConfig.ranks_per_node must be positive or None, got {self.ranks_per_node!r}")
         _check_choice("multiprocessing_context", self.multiprocessing_context,
                       (None, "fork", "spawn", "forkserver"))
 
@@ -131,7 +146,8 @@ class ODBConfig:
         """The fields that must agree on every rank, or ranks would plan differently."""
         names = ("token_budget", "join", "quota", "loss_scaling", "gradient_accumulation_steps",
                  "seed", "shuffle", "buffer_size", "pad_to_multiple_of", "cost_mode",
-                 "max_vision_patches", "over_budget", "label_shift")
+                 "max_vision_patches", "over_budget", "label_shift", "balance", "balance_mode",
+                 "balance_tolerance", "ranks_per_node")
         return {name: getattr(self, name) for name in names}
 
 

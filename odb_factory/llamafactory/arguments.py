@@ -34,7 +34,8 @@ class ODBArguments:
     odb_audit_dir: Optional[str] = field(default=None, metadata={"help": "Write a per-rank JSONL ledger here."})
     odb_balance: bool = field(default=False, metadata={"help": "Post-balance each step across ranks."})
     odb_balance_stages: List[str] = field(default_factory=lambda: ["llm"], metadata={"help": "llm and/or vision."})
-    odb_balance_mode: str = field(default="lpt", metadata={"help": "lpt, padded or min_move."})
+    odb_balance_mode: str = field(default="padded", metadata={
+        "help": "padded (LLaMA-Factory pads its batches), lpt (padding-free cost) or min_move."})
     odb_balance_tolerance: float = field(default=0.02, metadata={"help": "min_move: allowed excess over the bound."})
 
     def validate(self) -> None:
@@ -65,6 +66,8 @@ class ODBArguments:
             over_budget=self.odb_over_budget, vision_token_ids=tuple(vision_token_ids),
             spatial_merge_size=spatial_merge_size, num_workers=num_workers,
             num_collate_workers=self.odb_collate_workers, sync_timeout_s=self.odb_sync_timeout,
+            balance=self.odb_balance and "llm" in self.odb_balance_stages,
+            balance_mode=self.odb_balance_mode, balance_tolerance=self.odb_balance_tolerance,
             # LLaMA-Factory's collator pads to a multiple of 8 during training.
             pad_to_multiple_of=8)
 

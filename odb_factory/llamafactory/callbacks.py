@@ -70,6 +70,8 @@ class ODBCallback(TrainerCallback):
         for step in steps:
             for key, value in step.metrics.items():
                 self.window[key] = self.window.get(key, 0.0) + value
+            if "balance_max_over_lb" in step.metrics:
+                self.window["rounds_seen"] = self.window.get("rounds_seen", 0.0) + 1
         self.window["micro_steps"] = self.window.get("micro_steps", 0.0) + len(steps)
         if self.audit_path is not None:
             line = {"step": trainer_state.global_step, "epoch": loader.loader.epoch,
@@ -86,7 +88,12 @@ class ODBCallback(TrainerCallback):
         if not micro:
             return {}
         padded = w.get("padded_tokens", 0.0)
+        balance = {f"odb/{k}": round(w[k] / max(1.0, w.get("rounds_seen", 0.0)), 4)
+                   for k in ("balance_max_over_lb_before", "balance_max_over_lb") if k in w}
+        balance.update({f"odb/{k}": w[k] for k in ("balance_bytes_intra_node", "balance_bytes_inter_node")
+                        if k in w})
         return {
+            **balance,
             "odb/padding_efficiency": round(w.get("real_tokens", 0.0) / padded, 4) if padded else 0.0,
             "odb/tokens_per_step": round(w.get("real_tokens", 0.0) / micro, 1),
             "odb/samples_per_step": round(w.get("samples", 0.0) / micro, 2),

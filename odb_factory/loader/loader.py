@@ -10,6 +10,7 @@ Pipeline per rank (docs/dgap.md has the protocol):
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -20,8 +21,10 @@ from torch.utils.data import DataLoader
 from ..config import ODBConfig
 from ..cost import CostFn, DefaultCost
 from ..planning.grouping import Budget
+from ..planning.rebalance import StepBalance
 from ..planning.rounds import RankPlanner
 from ..planning.views import cycling_view, epoch_view
+from .balancer import StepBalancer
 from .batch import ODBBatch
 from .collate import CollateJob, PlanSampler, StepPlan
 from .fetch import CostedDataset, ViewSampler, identity, in_thread_samples
@@ -192,7 +195,8 @@ class ODBDataLoader:
         thread = PlannerThread(planner, samples, self.sync, epoch, cfg.gradient_accumulation_steps,
                                plans, stop, filler=lambda: self.dataset[first],
                                step_offset=self.metrics.epoch_steps.get(epoch, 0),
-                               pad_to_window=cfg.pad_epoch_to_accumulation)
+                               pad_to_window=cfg.pad_epoch_to_accumulation,
+                               balancer=self._balancer())
         if quota is not None and quota <= 0:
             return
         thread.start()
@@ -217,6 +221,16 @@ class ODBDataLoader:
             if thread.is_alive():
                 logger.warning("ODB planner thread of rank %d did not stop within %.0fs",
                                self.rank, cfg.sync_timeout_s)
+
+    def _balancer(self) -> Optional[StepBalancer]:
+        cfg = self.config
+        if not cfg.balance or self.world_size == 1:
+            return None
+        per_node = cfg.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        spec = StepBalance(mode=cfg.balance_mode, ranks_per_node=per_node,
+                           token_cap=cfg.token_budget if cfg.cost_mode == "padded" else None,
+                           tolerance=cfg.balance_tolerance, pad_to_multiple_of=cfg.pad_to_multiple_of)
+        return StepBalancer(self.sync, spec, Budget.from_config(cfg))
 
     def _to_batch(self, plan: StepPlan, data: Any, wait_s: float) -> ODBBatch:
         cfg = self.config

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from ..cost import SampleCost
 from ..planning.grouping import PlannedSample
 from ..planning.rounds import RankPlanner, Slot
+from .balancer import StepBalancer
 from .collate import END_OF_EPOCH, PlannerFailure, StepPlan
 from .sync import SyncChannel
 
@@ -27,7 +28,8 @@ class PlannerThread(threading.Thread):
     def __init__(self, planner: RankPlanner, samples: Iterator[Tuple[int, Any, SampleCost]],
                  sync: SyncChannel, epoch: int, accumulation: int,
                  out: "queue.Queue", stop: threading.Event,
-                 filler: Callable[[], Any], step_offset: int = 0, pad_to_window: bool = False):
+                 filler: Callable[[], Any], step_offset: int = 0, pad_to_window: bool = False,
+                 balancer: Optional[StepBalancer] = None):
         super().__init__(name=f"odb-planner-rank{sync.rank}-epoch{epoch}", daemon=True)
         self.planner = planner
         self.samples = samples
@@ -39,6 +41,7 @@ class PlannerThread(threading.Thread):
         self.fetch_filler = filler
         self.step = step_offset
         self.pad_to_window = pad_to_window
+        self.balancer = balancer
         self.payloads: Dict[int, Any] = {}
         self.filler: Optional[Any] = None
         self.planner.stream = self._stream()
@@ -75,15 +78,19 @@ class PlannerThread(threading.Thread):
         while not planner.finished:
             status = planner.begin_round()
             statuses = sync.all_gather(status, "status", self.epoch, planner.round)
-            sizes = planner.plan_round(statuses)
+            costs = planner.plan_round(statuses)
             if planner.finished:
                 break
             stats = planner.last_round_stats
-            all_sizes = sync.all_gather(sizes, "tokens", self.epoch, planner.round)
-            slots = planner.close_round(all_sizes)
+            every = sync.all_gather(costs, "costs", self.epoch, planner.round)
+            slots = planner.close_round(every)
             round_stats = {"groups_per_round": float(stats.target), "splits": float(stats.splits),
                            "overflow_groups": float(stats.overflow_groups),
                            "over_budget": float(stats.over_budget)}
+            if self.balancer is not None and slots:
+                slots, balance_stats = self.balancer.rebalance(slots, planner.last_round_costs,
+                                                               self.payloads, self.epoch)
+                round_stats.update(balance_stats)
             for slot in slots:
                 window.append((slot, round_stats))
                 round_stats = {}  # count round-level figures once, on the round's first step

@@ -5,9 +5,9 @@ A round has two exchanges; the driver performs them (a real all-gather in
 
     status  = planner.begin_round()                  # fill the buffer, group it
     statuses = all_gather(status)
-    sizes   = planner.plan_round(statuses)           # T, split/overflow -> local slot token lists
-    tokens  = all_gather(sizes)
-    slots   = planner.close_round(tokens)            # quota trim, global token counts
+    costs   = planner.plan_round(statuses)           # T, split/overflow -> local per-slot costs
+    every   = all_gather(costs)
+    slots   = planner.close_round(every)             # quota trim, global token counts
 
 Because both drivers run this same code, the property tests of the simulation test the
 mechanism's decisions too.
@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, List, Optional, Sequence, Tuple
 
+from ..cost import SampleCost
 from .alignment import RankStatus, fit_to_target, target_groups, trim_to_quota
 from .grouping import Budget, PlannedSample, form_groups
 
@@ -76,6 +77,7 @@ class RankPlanner:
     _pending: List[List[PlannedSample]] = field(default_factory=list)
     _stats: Optional[RoundStats] = None
     _over_budget: int = 0
+    last_round_costs: List[List[List[SampleCost]]] = field(default_factory=list)
 
     def begin_round(self) -> RankStatus:
         while not self.exhausted and len(self.buffer) < self.buffer_size:
@@ -88,8 +90,8 @@ class RankPlanner:
         self._over_budget = len(grouping.over_budget)
         return RankStatus(len(grouping.groups), len(self.buffer), self.exhausted)
 
-    def plan_round(self, statuses: Sequence[RankStatus]) -> List[List[int]]:
-        """Meet the common target; returns this rank's per-slot supervised-token lists."""
+    def plan_round(self, statuses: Sequence[RankStatus]) -> List[List[SampleCost]]:
+        """Meet the common target; returns this rank's per-slot lists of sample costs."""
         target = target_groups(statuses)
         if target == 0:
             self.finished = True
@@ -101,14 +103,14 @@ class RankPlanner:
         self._pending = fit.slots
         self._stats = RoundStats(self.round, target, fit.splits, fit.overflow_groups,
                                  sum(1 for s in fit.slots if not s), self._over_budget)
-        return [[s.cost.label_tokens for s in slot] for slot in fit.slots]
+        return [[tuple(s.cost) for s in slot] for slot in fit.slots]
 
-    def close_round(self, all_tokens: Sequence[Sequence[Sequence[int]]]) -> List[Slot]:
-        """Turn the planned slots into final slots, knowing every rank's token lists."""
+    def close_round(self, all_costs: Sequence[Sequence[Sequence[SampleCost]]]) -> List[Slot]:
+        """Turn the planned slots into final slots, knowing every rank's sample costs."""
         if self.finished:
             return []
         slots = self._pending
-        kept = [[len(s) for s in rank_slots] for rank_slots in all_tokens]
+        kept = [[len(s) for s in rank_slots] for rank_slots in all_costs]
         if self.quota is not None:
             kept, target = trim_to_quota(kept, self.quota)
             self.quota -= sum(map(sum, kept))
@@ -118,11 +120,14 @@ class RankPlanner:
             if self.quota == 0:
                 self.finished = True
                 self.buffer = []
+        # Every rank's final per-slot costs: what post-balancing plans over.
+        self.last_round_costs = [[[SampleCost(*c) for c in all_costs[r][p][:kept[r][p]]]
+                                  for p in range(len(slots))] for r in range(len(all_costs))]
         result = []
         for position, slot in enumerate(slots):
-            global_tokens = sum(sum(all_tokens[r][position][:kept[r][position]])
-                                for r in range(len(all_tokens)))
-            global_samples = sum(kept[r][position] for r in range(len(all_tokens)))
+            global_tokens = sum(SampleCost(*c).label_tokens for r in range(len(all_costs))
+                                for c in all_costs[r][position][:kept[r][position]])
+            global_samples = sum(kept[r][position] for r in range(len(all_costs)))
             result.append(Slot(tuple(slot), self.round, position, global_tokens, global_samples,
                                self.budget.group_cost(slot)))
         if self._stats is not None:

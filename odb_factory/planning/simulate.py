@@ -72,11 +72,11 @@ def simulate_epoch(costs: Sequence[SampleCost], config: ODBConfig, world_size: i
     limit = round_bound(views, config.buffer_size, config.join, quota or 0)
     for _ in range(limit + 1):
         statuses = [p.begin_round() for p in planners]
-        sizes = [p.plan_round(statuses) for p in planners]
+        costs = [p.plan_round(statuses) for p in planners]
         if planners[0].finished:
             break
         for rank, p in enumerate(planners):
-            slots[rank].extend(p.close_round(sizes))
+            slots[rank].extend(p.close_round(costs))
             stats[rank].append(p.last_round_stats)
         if planners[0].finished:
             break
