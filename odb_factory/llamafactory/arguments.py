@@ -120,8 +120,9 @@ def check_compatible(odb: ODBArguments, raw: Mapping[str, Any]) -> None:
     if raw.get("streaming"):
         problems.append("streaming: ODB needs a map-style dataset (views and resume are by index); "
                         "set streaming: false")
-    if raw.get("group_by_length"):
-        problems.append("group_by_length: ODB already groups by real length; set group_by_length: false")
+    if raw.get("group_by_length") or raw.get("train_sampling_strategy") == "group_by_length":
+        problems.append("group_by_length sampling: ODB already groups by real length; use the "
+                        "default train_sampling_strategy")
     if problems:
         raise ValueError("incompatible settings with odb_enable: true:\n  - " + "\n  - ".join(problems))
 
