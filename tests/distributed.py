@@ -35,13 +35,13 @@ def _entry(fn, rank, world, port, out_dir, args):
         pass
 
 
-def run_world(fn: Callable, world: int, *args, start_method: str = "spawn",
-              timeout: float = 300.0, expect_errors: bool = False) -> List[Any]:
-    """fn(rank, world, *args) on `world` processes; returns the per-rank results.
-
-    A rank that raised yields ("error", text) when expect_errors, else the test fails.
-    """
-    ctx = mp.get_context(start_method)
+def run_world(fn: Callable, world: int, *args, timeout: float = 300.0,
+              expect_errors: bool = False) -> List[Any]:
+    """fn(rank, world, *args) on `world` fresh processes (spawned, like torchrun's: forking
+    the test process, which holds library threads, can deadlock the child); returns the
+    per-rank results. A rank that raised yields ("error", text) when expect_errors, else
+    the test fails."""
+    ctx = mp.get_context("spawn")
     port = free_port()
     with tempfile.TemporaryDirectory() as out_dir:
         procs = [ctx.Process(target=_entry, args=(fn, r, world, port, out_dir, args), daemon=False)

@@ -37,7 +37,7 @@ def _run(rank, world, mode):
 
 @pytest.mark.parametrize("world,mode", [(2, "padded"), (3, "padded"), (3, "lpt"), (3, "min_move")])
 def test_balanced_steps_keep_coverage_and_tokens(world, mode):
-    results = run_world(_run, world, mode, start_method="fork")
+    results = run_world(_run, world, mode)
     assert len({len(r) for r in results}) == 1
     assert sorted(i for r in results for s in r for i in s["indices"]) == list(range(N))
     before, after = [], []

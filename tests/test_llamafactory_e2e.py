@@ -29,11 +29,15 @@ def _odb_run(tmp_path, tiny_model, demo_data, name, nproc=1, **overrides):
     return out, ledger(tmp_path / f"{name}_audit")
 
 
-def test_one_process_two_epochs_schedule_and_coverage(tmp_path, tiny_model, demo_data):
+def test_one_process_two_epochs_schedule_coverage_and_eval(tmp_path, tiny_model, demo_data):
     out, rows = _odb_run(tmp_path, tiny_model, demo_data, "single", num_train_epochs=2,
-                         gradient_accumulation_steps=2, warmup_ratio=0.1)
+                         gradient_accumulation_steps=2, warmup_ratio=0.1, val_size=0.25,
+                         eval_strategy="steps", eval_steps=4, per_device_eval_batch_size=4)
+    train_split = NUM_SAMPLES - NUM_SAMPLES // 4
     for epoch in (0, 1):
-        assert trained_indices([r for r in rows if r["epoch"] == epoch]) == list(range(NUM_SAMPLES))
+        assert trained_indices([r for r in rows if r["epoch"] == epoch]) == list(range(train_split))
+    evals = [h for h in log_history(out) if "eval_loss" in h]
+    assert len(evals) >= 2 and all(math.isfinite(h["eval_loss"]) for h in evals)
     history = [h for h in log_history(out) if "loss" in h]
     assert [h["step"] for h in history] == list(range(1, len(history) + 1))
     assert history[-1]["epoch"] == pytest.approx(2.0)
@@ -164,12 +168,13 @@ def test_real_llamafactory_demo_data(tmp_path, tiny_model):
     assert trained_indices(rows) == list(range(min(60, mllm) + 60))
 
 
-@pytest.mark.parametrize("deepspeed", [False, True])
-def test_balancing_keeps_coverage_and_loss(tmp_path, trained_start, demo_data, deepspeed):
-    """Post-balancing only moves samples between ranks within a step: the same samples
-    per optimizer step, the same loss curve, every index once."""
+@pytest.mark.parametrize("deepspeed,stages", [(False, ["llm", "vision"]), (True, ["llm"])])
+def test_balancing_keeps_coverage_and_loss(tmp_path, trained_start, demo_data, deepspeed, stages):
+    """Post-balancing only moves samples (LLM stage) and images (vision stage) between
+    ranks within a step: the same samples per optimizer step, the same loss curve, every
+    index once."""
     extra = {"gradient_accumulation_steps": 2, "max_steps": 4, "learning_rate": 1e-3,
-             "odb_token_budget": 384}
+             "odb_token_budget": 384, "freeze_vision_tower": False}
     if deepspeed:
         ds_config = tmp_path / "ds_z2.json"
         ds_config.write_text(json.dumps({
@@ -179,7 +184,7 @@ def test_balancing_keeps_coverage_and_loss(tmp_path, trained_start, demo_data, d
         extra["deepspeed"] = str(ds_config)
     off, rows_off = _odb_run(tmp_path, trained_start, demo_data, "balance_off", nproc=2, **extra)
     on, rows_on = _odb_run(tmp_path, trained_start, demo_data, "balance_on", nproc=2, odb_balance=True,
-                           **extra)
+                           odb_balance_stages=stages, **extra)
     for step in range(1, 5):
         assert (trained_indices([r for r in rows_on if r["step"] == step])
                 == trained_indices([r for r in rows_off if r["step"] == step]))

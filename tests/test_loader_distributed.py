@@ -51,8 +51,7 @@ CASES = [
 
 @pytest.mark.parametrize("world,join,workers,collate_workers,start_method", CASES)
 def test_ledgers_three_epochs(world, join, workers, collate_workers, start_method):
-    results = run_world(_ledger_run, world, join, workers, collate_workers, start_method, 3,
-                        start_method=start_method)
+    results = run_world(_ledger_run, world, join, workers, collate_workers, start_method, 3)
     for epoch in range(3):
         runs = [r["epochs"][epoch] for r in results]
         # DGAP: every rank runs the same number of steps

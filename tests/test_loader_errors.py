@@ -118,12 +118,12 @@ def _one_rank_stops(rank, world):
 
 
 def test_dataset_smaller_than_world():
-    results = run_world(_tiny_dataset, 3, start_method="fork", expect_errors=True)
+    results = run_world(_tiny_dataset, 3, expect_errors=True)
     assert all(status == "error" and "fewer than the 3 ranks" in text for status, text in results)
 
 
 def test_config_mismatch_is_reported_at_start():
-    results = run_world(_mismatched, 2, start_method="fork", expect_errors=True)
+    results = run_world(_mismatched, 2, expect_errors=True)
     for status, text in results:
         assert status == "error"
         assert "ODB option 'token_budget' differs between rank" in text
@@ -131,7 +131,7 @@ def test_config_mismatch_is_reported_at_start():
 
 
 def test_collective_timeout_names_rank_and_round():
-    results = run_world(_one_rank_stops, 2, start_method="fork", expect_errors=True, timeout=120)
+    results = run_world(_one_rank_stops, 2, expect_errors=True, timeout=120)
     status, text = results[0]
     assert status == "error"
     assert "ODBSyncError" in text and "rank 0/2" in text and "round" in text and "timeout 4s" in text

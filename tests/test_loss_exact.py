@@ -61,7 +61,7 @@ def _rank(rank, world, accumulation):
 
 @pytest.mark.parametrize("world,accumulation", [(1, 1), (2, 1), (3, 1), (2, 3)])
 def test_scaled_gradients_equal_global_token_mean(world, accumulation):
-    results = run_world(_rank, world, accumulation, start_method="fork")
+    results = run_world(_rank, world, accumulation)
     worst, windows = results[0]
     assert windows > 2
     assert worst <= 1e-12, worst

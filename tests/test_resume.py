@@ -52,9 +52,9 @@ def _second_part(rank, world, join, workers, state_dir):
 @pytest.mark.parametrize("join,workers", [(True, 1), (False, 0)])
 def test_resume_mid_epoch(tmp_path, join, workers):
     world = 2
-    full = run_world(_uninterrupted, world, join, workers, start_method="fork")
-    first = run_world(_first_part, world, join, workers, 5, str(tmp_path), start_method="fork")
-    second = run_world(_second_part, world, join, workers, str(tmp_path), start_method="fork")
+    full = run_world(_uninterrupted, world, join, workers)
+    first = run_world(_first_part, world, join, workers, 5, str(tmp_path))
+    second = run_world(_second_part, world, join, workers, str(tmp_path))
     before = [i for part in first for i in part]
     after = [i for part, _ in second for i in part]
     assert len(before) > 0 and len(after) > 0

@@ -166,7 +166,7 @@ def _exchange_rank(rank, world, seed):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_exchange_forward_backward(world):
-    res = run_world(_exchange_rank, world, 7, start_method="fork")
+    res = run_world(_exchange_rank, world, 7)
     assert res[0] == (0, 0)  # the zero-item rank took part
     assert sum(r[0] for r in res) == sum(r[1] for r in res) > 0
 
@@ -189,7 +189,7 @@ def _exchange_missing_peer(rank, world):
 
 
 def test_exchange_names_rank_and_step_on_timeout():
-    msg = run_world(_exchange_missing_peer, 2, start_method="fork")[0]
+    msg = run_world(_exchange_missing_peer, 2)[0]
     assert "ODB exchange 'probe' failed on rank 0/2 (step 5)" in msg, msg
     assert "timeout 2s" in msg and "every rank must enter every exchange" in msg
 
@@ -296,7 +296,7 @@ def _tower_rank(rank, world, model_dir, case):
 def test_vision_tower_gradients_equal_local_encoding(case, tiny_model):
     import transformers.models.qwen3_vl.modeling_qwen3_vl  # noqa: F401  (import once, fork)
     world = len(TOWER_CASES[case])
-    res = run_world(_tower_rank, world, str(tiny_model), case, start_method="fork")
+    res = run_world(_tower_rank, world, str(tiny_model), case)
     for r in res:
         for composed, v in r.items():
             assert v["err"] <= 1e-10, (case, composed, v)
@@ -396,7 +396,7 @@ def _model_rank(rank, world, model_dir):
 def test_qwen3vl_forward_gradients_balanced_equal_upstream(world, tiny_model):
     import odb_factory_patches.transformers_qwen3_vl  # noqa: F401
     import transformers.models.qwen3_vl.modeling_qwen3_vl  # noqa: F401  (import once, fork)
-    res = run_world(_model_rank, world, str(tiny_model), start_method="fork")
+    res = run_world(_model_rank, world, str(tiny_model))
     for r in res:
         assert r["vis_norm"] > 0
         assert r["vis_err"] <= 1e-10 and r["all_err"] <= 1e-10, r

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -74,9 +75,12 @@ class ODBCallback(TrainerCallback):
                 self.window["rounds_seen"] = self.window.get("rounds_seen", 0.0) + 1
         self.window["micro_steps"] = self.window.get("micro_steps", 0.0) + len(steps)
         if self.audit_path is not None:
+            # n * L^2 of each padded micro-batch: the attention term of a step-time model
+            attention = sum(s.padded_tokens * s.padded_tokens / len(s.indices) for s in steps if s.indices)
             line = {"step": trainer_state.global_step, "epoch": loader.loader.epoch,
                     "indices": [self.row_of(i) for s in steps for i in s.indices],
-                    "real_tokens": real, "padded_tokens": padded,
+                    "real_tokens": real, "padded_tokens": padded, "attention_cost": attention,
+                    "wall_time": time.time(),
                     "micro_steps": len(steps), "idle_micro_steps": sum(s.is_idle for s in steps)}
             with self.audit_path.open("a") as f:
                 f.write(json.dumps(line) + "\n")

@@ -71,6 +71,27 @@ class ODBTrainerMixin:
                                          max_steps_from_user=self.args.max_steps > 0,
                                          num_train_epochs=self.args.num_train_epochs)
         self.add_callback(self._odb_callback)
+        if self._odb.odb_balance and "vision" in self._odb.odb_balance_stages:
+            self._odb_balance_vision_stage()
+
+    def _odb_balance_vision_stage(self) -> None:
+        """Encoder-stage balancing (docs/encoder_balancing.md) over a group of its own, so its
+        exchanges never interleave with DDP's or the loader's on a shared group."""
+        import datetime
+        import os
+        import torch.distributed as dist
+        model = self.accelerator.unwrap_model(self.model)
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        if model_type != "qwen3_vl":
+            raise ValueError(f"odb_balance_stages: [vision] supports Qwen3-VL models; this model is "
+                             f"'{model_type}'. Use odb_balance_stages: [llm]")
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return
+        from odb_factory_patches import transformers_qwen3_vl
+        group = dist.new_group(timeout=datetime.timedelta(seconds=self._odb.odb_sync_timeout))
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+        transformers_qwen3_vl.apply(group=group, ranks_per_node=per_node,
+                                    timeout_s=self._odb.odb_sync_timeout)
 
     # ------------------------------------------------------------------ data
     def get_train_dataloader(self):

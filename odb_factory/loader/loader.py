@@ -178,6 +178,8 @@ class ODBDataLoader:
         quota = None
         if not cfg.join:
             quota = (cfg.quota or self.num_samples) - trained_count
+            if quota <= 0:
+                return  # the epoch's quota was reached before the checkpoint
             order = cycling_view(view, cfg.seed, epoch, self.rank)
         else:
             order = view
@@ -197,8 +199,6 @@ class ODBDataLoader:
                                step_offset=self.metrics.epoch_steps.get(epoch, 0),
                                pad_to_window=cfg.pad_epoch_to_accumulation,
                                balancer=self._balancer())
-        if quota is not None and quota <= 0:
-            return
         thread.start()
         self._plan_sampler.attach(plans, thread)
         try:

@@ -1,0 +1,131 @@
+"""The measured layer of `make bench`: real `llamafactory-cli` runs on 2 CPU ranks with the
+tiny Qwen3-VL on the generated demo set (length CV ~1.0), side by side in one process.
+
+* emitted samples/s, ODB vs Standard (batch 1 per device, as the paper's Standard), over
+  repeated runs: mean and spread of the ratio;
+* ODB with post-balancing on vs off;
+* per-step records (real/padded tokens, attention cost, wall time) from ODB's audit ledger,
+  to fit and check the step-time model (predicted vs measured);
+* validation loss after the same samples for Standard, Sorted (group-by-length) and ODB
+  (reported, not asserted).
+
+    python -m bench.measured [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+from scipy.optimize import nnls
+
+REPO = Path(__file__).resolve().parents[1]
+RUNS = REPO / ".cache" / "bench_runs"
+ODB_RECIPE = "recipes/tiny/qwen3vl_tiny_odb.yaml"
+STANDARD_RECIPE = "recipes/tiny/qwen3vl_tiny_standard.yaml"
+COMMON = {"max_samples": 256, "val_size": 0.1, "eval_strategy": "no", "do_eval": True,
+          "per_device_eval_batch_size": 4, "seed": 3}
+
+
+def _env() -> Dict[str, str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", FORCE_TORCHRUN="1", NPROC_PER_NODE="2")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("ODB_FACTORY_DISABLE", None)
+    return env
+
+
+def train(name: str, recipe: str, **overrides) -> Dict[str, float]:
+    """One 2-rank run; returns its train/eval metrics and where its ledger is."""
+    out = RUNS / name
+    keys = {**COMMON, **overrides, "output_dir": str(out)}
+    if "odb" in recipe:
+        keys["odb_audit_dir"] = str(RUNS / f"{name}_audit")
+        for old in (RUNS / f"{name}_audit").glob("*.jsonl"):
+            old.unlink()
+    args = [f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in keys.items()]
+    log = RUNS / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as f:
+        proc = subprocess.run([str(Path(sys.executable).parent / "llamafactory-cli"), "train", recipe, *args],
+                              cwd=REPO, env=_env(), stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed; see {log}")
+    metrics = json.loads((out / "all_results.json").read_text())
+    metrics["audit"] = str(RUNS / f"{name}_audit")
+    return metrics
+
+
+def step_records(audit_dir: str) -> List[dict]:
+    """Per optimizer step (rank 0): tokens, attention cost and wall time since the last step."""
+    rows = [json.loads(l) for l in Path(audit_dir, "rank0.jsonl").read_text().splitlines()]
+    out = []
+    for before, row in zip(rows, rows[1:]):  # the first step also carries warm-up
+        out.append({"padded_tokens": row["padded_tokens"], "attention_cost": row["attention_cost"],
+                    "samples": len(row["indices"]), "seconds": row["wall_time"] - before["wall_time"]})
+    return out
+
+
+def fit_step_time(records: List[dict]) -> Dict[str, float]:
+    """Non-negative least squares of seconds ~ c0 + a*padded_tokens + b*attention, fitted on
+    even steps and checked on odd ones (predicted vs measured)."""
+    x = np.array([[1.0, r["padded_tokens"], r["attention_cost"]] for r in records])
+    y = np.array([r["seconds"] for r in records])
+    train, test = slice(0, None, 2), slice(1, None, 2)
+    coef, _ = nnls(x[train], y[train])
+    pred = x[test] @ coef
+    err = np.abs(pred - y[test]) / np.maximum(y[test], 1e-9)
+    return {"c0": coef[0], "a": coef[1], "b": coef[2], "steps_fitted": int(len(y[train])),
+            "steps_checked": int(len(y[test])), "median_abs_pct_error": float(100 * np.median(err)),
+            "mean_abs_pct_error": float(100 * np.mean(err))}
+
+
+def main(argv=None) -> Dict[str, object]:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    from odb_factory.demo.synthetic_data import write_demo_dataset
+    from odb_factory.demo.tiny_model import build_tiny_qwen3vl
+    build_tiny_qwen3vl(REPO / ".cache" / "tiny_qwen3vl", seed=0)
+    stats = write_demo_dataset(REPO / ".cache" / "odb_demo_data", seed=0)
+    repeats = 2 if args.quick else 3
+    results: Dict[str, object] = {"length_cv": stats["length_cv"], "repeats": repeats}
+    ratios, runs = [], []
+    for r in range(repeats):
+        print(f"[measured] repeat {r + 1}/{repeats}: Standard and ODB, 2 CPU ranks", file=sys.stderr, flush=True)
+        std = train(f"standard_{r}", STANDARD_RECIPE)
+        odb = train(f"odb_{r}", ODB_RECIPE)
+        ratios.append(odb["train_samples_per_second"] / std["train_samples_per_second"])
+        runs.append({"repeat": r, "standard_samples_per_s": std["train_samples_per_second"],
+                     "odb_samples_per_s": odb["train_samples_per_second"], "ratio": ratios[-1],
+                     "standard_eval_loss": std.get("eval_loss"), "odb_eval_loss": odb.get("eval_loss")})
+    results["runs"] = runs
+    results["ratio_mean"] = statistics.mean(ratios)
+    results["ratio_min"], results["ratio_max"] = min(ratios), max(ratios)
+    records = [rec for r in range(repeats) for rec in step_records(RUNS / f"odb_{r}_audit")]
+    if not args.quick:
+        for budget in (512, 2048):
+            print(f"[measured] ODB token budget {budget}", file=sys.stderr, flush=True)
+            train(f"odb_budget{budget}", ODB_RECIPE, odb_token_budget=budget)
+            records += step_records(RUNS / f"odb_budget{budget}_audit")
+        print("[measured] ODB with post-balancing; Sorted (group-by-length)", file=sys.stderr, flush=True)
+        balanced = train("odb_balance", ODB_RECIPE, odb_balance=True)
+        results["balance_samples_per_s"] = balanced["train_samples_per_second"]
+        results["balance_ratio_vs_odb"] = balanced["train_samples_per_second"] / runs[0]["odb_samples_per_s"]
+        sorted_run = train("sorted", STANDARD_RECIPE, train_sampling_strategy="group_by_length",
+                           per_device_train_batch_size=4)
+        results["sorted_samples_per_s"] = sorted_run["train_samples_per_second"]
+        results["sorted_eval_loss"] = sorted_run.get("eval_loss")
+    results["step_model"] = fit_step_time(records)
+    return results
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(), indent=2))
