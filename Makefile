@@ -25,6 +25,7 @@ $(STAMP): setup.cfg constraints.txt pyproject.toml
 	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
 	$(PIP) install -q --no-deps torchaudio==2.11.0
 	$(PIP) install -q -c constraints.txt -e '.[llamafactory,dev,bench]'
+	$(PY) -m odb_factory.install_hook
 	touch $(STAMP)
 
 test: $(STAMP)

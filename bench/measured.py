@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / ".cache" / "bench_runs"
 ODB_RECIPE = "recipes/tiny/qwen3vl_tiny_odb.yaml"
 STANDARD_RECIPE = "recipes/tiny/qwen3vl_tiny_standard.yaml"
-COMMON = {"max_samples": 256, "val_size": 0.1, "eval_strategy": "no", "do_eval": True,
+COMMON = {"max_samples": 256, "val_size": 0.1, "do_eval": True,
           "per_device_eval_batch_size": 4, "seed": 3}
 
 

@@ -244,17 +244,21 @@ def ablation_lmax(lab: Lab, profiles: Dict[str, P.Profile], mfu: float, budgets)
     return rows
 
 
+def ablation_cases(profiles: Dict[str, P.Profile], mfu: float):
+    """The rows the ablations cover: every workload on 8B/1 node, and MM-Mix on 2B/2 nodes,
+    with the step model of each."""
+    cases = [(name, "8B", "1n-full") for name in profiles] + [("MM-Mix", "2B", "2n-full")]
+    for name, model, setting in cases:
+        if name in profiles:
+            _, hw, mode = SETTINGS[setting]
+            yield name, model, setting, profiles[name], hw, build_step_model(MODELS[model], hw, mode, mfu=mfu)
+
+
 def ablation_buffer(lab: Lab, profiles: Dict[str, P.Profile], mfu: float, buffers) -> List[dict]:
     """ODB window B: a larger window sorts more samples together (less padding, fuller groups)
     but delays the first step and holds more samples; matters when groups hold many samples."""
     rows = []
-    cases = [(name, "8B", "1n-full") for name in profiles] + [("MM-Mix", "2B", "2n-full")]
-    for name, model, setting in cases:
-        if name not in profiles:
-            continue
-        p = profiles[name]
-        _, hw, mode = SETTINGS[setting]
-        m = build_step_model(MODELS[model], hw, mode, mfu=mfu)
+    for name, model, setting, p, hw, m in ablation_cases(profiles, mfu):
         common_schedules(lab, p, hw.world, only=("standard",))
         base = evaluate(lab.features(("standard", p.name, hw.world), p), p, m).samples_per_s
         for b in buffers:
@@ -274,13 +278,7 @@ def ablation_depth(lab: Lab, profiles: Dict[str, P.Profile], mfu: float, depths)
     one whose sample rate is only 1.5x the trainer's (where window-boundary stalls appear)."""
     from .simulate import step_times
     rows = []
-    cases = [(name, "8B", "1n-full") for name in profiles] + [("MM-Mix", "2B", "2n-full")]
-    for name, model, setting in cases:
-        if name not in profiles:
-            continue
-        p = profiles[name]
-        _, hw, mode = SETTINGS[setting]
-        m = build_step_model(MODELS[model], hw, mode, mfu=mfu)
+    for name, model, setting, p, hw, m in ablation_cases(profiles, mfu):
         key = ("odb", p.name, hw.world)
         common_schedules(lab, p, hw.world, only=("odb",))
         s = lab.schedules[key]
@@ -328,10 +326,49 @@ def read_measured(path: Path) -> List[dict]:
                 for r in csv.DictReader(fh)]
 
 
+def measured_layer(quick: bool, out: Path) -> str:
+    """Real llamafactory-cli runs on this machine (bench.measured, bench.startup): writes the
+    per-step rows the step model is fitted to and returns the throughput section."""
+    from . import measured as cpu, startup
+    log("measured layer: llamafactory-cli on 2 CPU ranks (tiny Qwen3-VL, generated data)")
+    res = cpu.main(["--quick"] if quick else [])
+    records = [rec for name in sorted(Path(cpu.RUNS).glob("odb*_audit"))
+               for rec in cpu.step_records(str(name))]
+    with open(out / "measured_rows.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, ["label", "tokens", "sum_sq", "images", "patches", "patch_sq", "time_s"])
+        writer.writeheader()
+        for rec in records:
+            writer.writerow({"label": "odb cpu", "tokens": rec["padded_tokens"], "sum_sq": rec["attention_cost"],
+                             "images": 0, "patches": 0, "patch_sq": 0, "time_s": rec["seconds"]})
+    log("measured layer: start-up figures")
+    start = startup.main(["--quick"] if quick else [])
+    lines = ["## Measured on this machine (2 CPU ranks, gloo, tiny Qwen3-VL)",
+             f"Generated mixed text/image data, length CV {res['length_cv']:.2f}, 256 samples "
+             f"(10% held out); {res['repeats']} repeats, Standard = batch 1 per device.", "",
+             "| repeat | Standard samples/s | ODB samples/s | ODB / Standard | Standard eval loss | ODB eval loss |",
+             "|---|---|---|---|---|---|"]
+    for r in res["runs"]:
+        lines.append(f"| {r['repeat']} | {r['standard_samples_per_s']:.1f} | {r['odb_samples_per_s']:.1f} | "
+                     f"{r['ratio']:.2f} | {r['standard_eval_loss']:.4f} | {r['odb_eval_loss']:.4f} |")
+    lines += ["", f"ODB / Standard: mean {res['ratio_mean']:.2f}×, range {res['ratio_min']:.2f}–"
+              f"{res['ratio_max']:.2f}× over {res['repeats']} repeats."]
+    if "balance_samples_per_s" in res:
+        lines.append(f"ODB + post-balancing: {res['balance_samples_per_s']:.1f} samples/s "
+                     f"({res['balance_ratio_vs_odb']:.2f}× ODB); Sorted (group-by-length, batch 4): "
+                     f"{res['sorted_samples_per_s']:.1f} samples/s, eval loss {res['sorted_eval_loss']:.4f} "
+                     "(quality band: reported, not asserted).")
+    fit = res["step_model"]
+    lines += ["", f"Step time ~ c0 + a·padded tokens + b·Σ n·L² fitted (NNLS) on {fit['steps_fitted']} ODB steps, "
+              f"checked on {fit['steps_checked']} others: median |error| {fit['median_abs_pct_error']:.1f}%, "
+              f"mean {fit['mean_abs_pct_error']:.1f}%.", "",
+              "Start-up: " + ", ".join(f"{k} = {v:.3f}" for k, v in start.items()) + "."]
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- main
 def run(quick: bool, samples: Optional[int] = None, seed: int = 0, out: Path = RESULTS,
         measured: Optional[Path] = None, skip_engine: bool = False,
-        mfu: Optional[float] = None) -> str:
+        mfu: Optional[float] = None, skip_measured: bool = False) -> str:
     n = samples or (6000 if quick else 40000)
     out.mkdir(parents=True, exist_ok=True)
     log(f"profiles: {n} samples each ({'quick' if quick else 'full'} mode)")
@@ -396,10 +433,13 @@ def run(quick: bool, samples: Optional[int] = None, seed: int = 0, out: Path = R
             engine_md = (f"The engine benchmark failed in this run ({type(exc).__name__}: {exc}); "
                          "run `python -m bench.engine` alone to see the traceback.")
     measured_md = ""
+    cpu_md = ""
+    if not skip_measured and measured is None:
+        cpu_md = measured_layer(quick, out)
     measured = measured or (out / "measured_rows.csv")
     if measured.exists():
         log(f"measured rows: {measured}")
-        measured_md = report.add_measured_rows(read_measured(measured), out)
+        measured_md = cpu_md + "\n\n" + report.add_measured_rows(read_measured(measured), out)
     log("writing report")
     text = write_outputs(out, rows, profiles, lmax, buffer_rows, depth, cv_rows, fs_rows,
                          engine_md, measured_md, mfu, n, quick)
@@ -531,8 +571,9 @@ def main(argv=None) -> str:
     ap.add_argument("--measured", type=Path, default=None, help="CSV of measured micro-batch rows")
     ap.add_argument("--mfu", type=float, default=None, help="skip calibration, use this MFU")
     ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument("--skip-measured", action="store_true", help="no llamafactory-cli runs on this machine")
     a = ap.parse_args(argv)
-    return run(bool(a.quick), a.samples, a.seed, a.out, a.measured, a.skip_engine, a.mfu)
+    return run(bool(a.quick), a.samples, a.seed, a.out, a.measured, a.skip_engine, a.mfu, a.skip_measured)
 
 
 if __name__ == "__main__":
