@@ -109,7 +109,8 @@ class ODBTrainerMixin:
         merge = getattr(vision_config, "spatial_merge_size", 2) if vision_config is not None else 2
         cfg = odb.to_config(seed=args.data_seed if args.data_seed is not None else args.seed,
                             gradient_accumulation_steps=args.gradient_accumulation_steps,
-                            num_workers=args.dataloader_num_workers, vision_token_ids=vision_ids,
+                            # lazy preprocessing belongs in worker processes, not beside the trainer
+                            num_workers=max(1, args.dataloader_num_workers), vision_token_ids=vision_ids,
                             spatial_merge_size=merge)
         cfg.pad_epoch_to_accumulation = True
         loader = ODBDataLoader(self.train_dataset, cfg, collate_fn=LFCollate(self.data_collator))
