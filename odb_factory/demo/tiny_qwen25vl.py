@@ -1,0 +1,230 @@
+"""A tiny random Qwen2.5-VL, built offline and deterministically, for CPU runs of LLaMA-Factory.
+
+``build_tiny_qwen25vl(out_dir)`` writes a directory usable as ``model_name_or_path`` with LLaMA-Factory's
+``qwen2_vl`` template (random weights are saved too, a few MB):
+
+* tokenizer: the same byte-level BPE as the tiny Qwen3-VL (``tiny_model._train_tokenizer``), with the Qwen
+  special tokens (``<|vision_start|>``, ``<|image_pad|>``, ...) and a ChatML chat template;
+* ``Qwen2_5_VLConfig``: text hidden 64, 2 layers, 4 heads / 2 KV heads (head_dim 16), M-RoPE [2, 3, 3];
+  vision depth 2, hidden 64, patch 14, merge 2, window 112 px (= 4 x 4 merged tokens), full attention in
+  vision block 1 (windowed in block 0), out_hidden_size 64 = text hidden; token ids from the tokenizer;
+* ``Qwen2_5_VLProcessor`` = ``Qwen2VLImageProcessor`` (patch 14, merge 2, so sizes are multiples of 28 px)
+  + ``Qwen2VLVideoProcessor`` + tokenizer + the ChatML chat template.
+
+Idempotent like ``tiny_model.build_tiny_qwen3vl``: a finished build writes ``odb_tiny_build.json`` last
+(with ``kind: qwen2_5_vl``); a later call with the same version and seed returns at once. Builds go to a
+temporary sibling directory first, so concurrent callers never see a half-written model.
+
+CLI: ``python -m odb_factory.demo.tiny_qwen25vl OUT_DIR [--seed N] [--force]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from odb_factory.demo.tiny_model import (
+    BUILD_VERSION,
+    CHAT_TEMPLATE,
+    MARKER,
+    VOCAB_PAD_MULTIPLE,
+    _make_readable,
+    _sha256,
+    _token_ids,
+    _train_tokenizer,
+    is_complete_build,
+)
+
+KIND = "qwen2_5_vl"
+
+TEXT_CONFIG: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,  # head_dim = 64 / 4 = 16 (Qwen2.5-VL derives it)
+    "hidden_act": "silu",
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-6,
+    "initializer_range": 0.02,
+    "use_sliding_window": False,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 1_000_000.0,
+        "mrope_section": [2, 3, 3],  # (t, h, w), sums to head_dim / 2
+    },
+}
+VISION_CONFIG: dict[str, Any] = {
+    "depth": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_heads": 4,
+    "in_channels": 3,
+    "patch_size": 14,  # as Qwen2.5-VL: one merged token per 28 x 28 px
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "tokens_per_second": 2,
+    # windows of 112 px = 4 x 4 merged tokens (8 x 8 patches); images up to 256 px span several windows
+    "window_size": 112,
+    "fullatt_block_indexes": [1],  # < depth: block 0 windowed, block 1 full attention
+    "out_hidden_size": 64,  # = text hidden
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+}
+MERGED_PX = VISION_CONFIG["patch_size"] * VISION_CONFIG["spatial_merge_size"]  # 28
+IMAGE_MIN_PIXELS = MERGED_PX * MERGED_PX  # one merged token
+IMAGE_MAX_PIXELS = 512 * 512
+VIDEO_MIN_PIXELS = MERGED_PX * MERGED_PX * 4
+VIDEO_MAX_PIXELS = 128 * 128 * 4
+
+
+def _make_config(tok):
+    from transformers import Qwen2_5_VLConfig
+
+    ids = _token_ids(tok)
+    vocab_size = -(-len(tok) // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
+    text = dict(TEXT_CONFIG, vocab_size=vocab_size, pad_token_id=ids["<|endoftext|>"])
+    text["rope_parameters"] = dict(TEXT_CONFIG["rope_parameters"])
+    text["bos_token_id"] = None  # Qwen has no BOS (like the tokenizer)
+    text["eos_token_id"] = ids["<|im_end|>"]
+    config = Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=dict(VISION_CONFIG, out_hidden_size=TEXT_CONFIG["hidden_size"]),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    config.dtype = "float32"
+    # top-level copies: HF Trainer's align_special_tokens compares the tokenizer with these
+    config.eos_token_id = ids["<|im_end|>"]
+    config.pad_token_id = ids["<|endoftext|>"]
+    config.bos_token_id = None
+    return config, ids
+
+
+def _make_processor(tok):
+    from transformers import (
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+    )
+
+    common: dict[str, Any] = {
+        "patch_size": VISION_CONFIG["patch_size"],
+        "temporal_patch_size": VISION_CONFIG["temporal_patch_size"],
+        "merge_size": VISION_CONFIG["spatial_merge_size"],
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
+    image_processor = Qwen2VLImageProcessor(min_pixels=IMAGE_MIN_PIXELS, max_pixels=IMAGE_MAX_PIXELS, **common)
+    video_processor = Qwen2VLVideoProcessor(
+        size={"shortest_edge": VIDEO_MIN_PIXELS, "longest_edge": VIDEO_MAX_PIXELS}, **common
+    )
+    return Qwen2_5_VLProcessor(
+        image_processor=image_processor, tokenizer=tok, video_processor=video_processor, chat_template=CHAT_TEMPLATE
+    )
+
+
+def _write_build(tmp: Path, seed: int) -> None:
+    import torch
+    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+
+    tok = _train_tokenizer(seed)
+    config, ids = _make_config(tok)
+    processor = _make_processor(tok)
+    processor.save_pretrained(tmp)
+
+    torch_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = Qwen2_5_VLForConditionalGeneration(config)
+    finally:
+        torch.random.set_rng_state(torch_state)
+    model.save_pretrained(tmp, safe_serialization=True)
+    GenerationConfig(
+        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
+        pad_token_id=ids["<|endoftext|>"],
+        do_sample=False,
+    ).save_pretrained(tmp)
+
+    files = {}
+    for p in sorted(tmp.rglob("*")):
+        if p.is_file():
+            files[p.relative_to(tmp).as_posix()] = [p.stat().st_size, _sha256(p)]
+    marker = {
+        "build_version": BUILD_VERSION,
+        "kind": KIND,
+        "seed": seed,
+        "token_ids": ids,
+        "vocab_size": config.text_config.vocab_size,
+        "len_tokenizer": len(tok),
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "files": files,
+    }
+    with open(tmp / MARKER, "w", encoding="utf-8") as f:
+        json.dump(marker, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def _install(tmp: Path, out: Path, seed: int) -> None:
+    """Move a finished build from ``tmp`` into ``out`` (marker last), tolerating a concurrent winner."""
+    try:
+        os.rename(tmp, out)  # atomic when ``out`` is absent or an empty directory
+        return
+    except OSError:
+        pass
+    if is_complete_build(out, seed=seed, kind=KIND):
+        return  # another process finished first (identical for the same seed)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).unlink(missing_ok=True)
+    for p in sorted(tmp.rglob("*")):
+        if p.is_file() and p.name != MARKER:
+            dst = out / p.relative_to(tmp)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(p, dst)
+    os.replace(tmp / MARKER, out / MARKER)
+
+
+def build_tiny_qwen25vl(out_dir: str | Path, seed: int = 0, force: bool = False) -> Path:
+    """Build (or reuse) the tiny Qwen2.5-VL in ``out_dir`` and return its path.
+
+    Offline and deterministic: the same ``seed`` gives the same files. Returns immediately when ``out_dir``
+    already holds a complete Qwen2.5-VL build of this ``BUILD_VERSION`` and seed (unless ``force``).
+    """
+    out = Path(out_dir).absolute()
+    if not force and is_complete_build(out, seed=seed, kind=KIND):
+        return out
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
+    try:
+        _write_build(tmp, seed)
+        _make_readable(tmp)
+        if force and out.exists():
+            (out / MARKER).unlink(missing_ok=True)
+        _install(tmp, out, seed)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not is_complete_build(out, seed=seed, kind=KIND):
+        raise RuntimeError(f"tiny Qwen2.5-VL build in {out} is incomplete")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Build the tiny random Qwen2.5-VL (offline, deterministic).")
+    p.add_argument("out_dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
+    a = p.parse_args(argv)
+    print(build_tiny_qwen25vl(a.out_dir, seed=a.seed, force=a.force))
+
+
+if __name__ == "__main__":
+    main()
