@@ -5,7 +5,7 @@
 1. max/LB per stage before/after balancing -- LLM with the padded cost (``balance(mode=
    "padded", cost_model=QWEN3_VL_LLM)``; LB = padding-free lower bound) and with the plain sum
    cost (``lpt``), vision with LPT on ``QWEN3_VL_VISION`` (``plan_vision``) -- on generated
-   multimodal steps and on the demo data (``/work/shared/data/llamafactory_demo``);
+   multimodal steps and on the demo data (``../shared/data/llamafactory_demo`` beside the repository);
    verl's ``get_seqlen_balanced_partitions`` (Karmarkar-Karp) on the same instances;
 2. planning time per step (lpt / padded / min_move, and verl KK) at 8/16/64 ranks x
    4/16/64 samples per rank;
@@ -45,7 +45,7 @@ from odb_factory.orchestrate.vision_plan import local_plan, plan_vision
 
 ROOT = Path(__file__).resolve().parents[1]
 VERL_DIR = ROOT / ".cache" / "verl_pkg"
-DEMO_DIR = Path("/work/shared/data/llamafactory_demo")
+DEMO_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "llamafactory_demo"
 RPN = 8
 MERGE = 2
 PATCH = 16

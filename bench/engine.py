@@ -24,7 +24,6 @@ from typing import Dict, List, Sequence
 import torch
 
 from odb_factory import ODBConfig, ODBDataLoader, SampleCost
-from odb_factory.planning.grouping import Budget, PlannedSample, form_groups
 from odb_factory.planning.simulate import simulate_epoch
 from odb_factory.synthetic import LengthDataset, long_tail_lengths, pad_collate
 

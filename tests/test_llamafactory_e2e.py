@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 

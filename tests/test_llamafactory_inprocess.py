@@ -4,7 +4,6 @@ upstream's, and bad input fails before any process group starts."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

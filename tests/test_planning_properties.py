@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from odb_factory import ODBConfig, SampleCost

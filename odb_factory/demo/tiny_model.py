@@ -260,19 +260,22 @@ def _make_processor(tok):
     )
 
 
-def _write_build(tmp: Path, seed: int) -> None:
+def write_build(tmp: Path, seed: int, kind: str, model_class: str, make_config, make_processor) -> None:
+    """Write a tiny model of `kind` (config/processor factories over the shared tokenizer)
+    into ``tmp``, marker last."""
     import torch
-    from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
+    import transformers
+    from transformers import GenerationConfig
 
     tok = _train_tokenizer(seed)
-    config, ids = _make_config(tok)
-    processor = _make_processor(tok)
+    config, ids = make_config(tok)
+    processor = make_processor(tok)
     processor.save_pretrained(tmp)  # tokenizer files + processor_config / preprocessor / video configs
 
     torch_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        model = Qwen3VLForConditionalGeneration(config)
+        model = getattr(transformers, model_class)(config)
     finally:
         torch.random.set_rng_state(torch_state)
     model.save_pretrained(tmp, safe_serialization=True)
@@ -288,7 +291,7 @@ def _write_build(tmp: Path, seed: int) -> None:
             files[p.relative_to(tmp).as_posix()] = [p.stat().st_size, _sha256(p)]
     marker = {
         "build_version": BUILD_VERSION,
-        "kind": "qwen3_vl",
+        "kind": kind,
         "seed": seed,
         "token_ids": ids,
         "vocab_size": config.text_config.vocab_size,
@@ -301,14 +304,14 @@ def _write_build(tmp: Path, seed: int) -> None:
         f.write("\n")
 
 
-def _install(tmp: Path, out: Path, seed: int) -> None:
+def _install(tmp: Path, out: Path, seed: int, kind: str) -> None:
     """Move a finished build from ``tmp`` into ``out`` (marker last), tolerating a concurrent winner."""
     try:
         os.rename(tmp, out)  # atomic when ``out`` is absent or an empty directory
         return
     except OSError:
         pass
-    if is_complete_build(out, seed=seed):
+    if is_complete_build(out, seed=seed, kind=kind):
         return  # another process finished first (its build is identical for the same seed)
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).unlink(missing_ok=True)
@@ -326,29 +329,36 @@ def _make_readable(root: Path) -> None:
         os.chmod(p, 0o755 if p.is_dir() else 0o644)
 
 
-def build_tiny_qwen3vl(out_dir: str | Path, seed: int = 0, force: bool = False) -> Path:
-    """Build (or reuse) the tiny Qwen3-VL in ``out_dir`` and return its path.
+def build_tiny(out_dir: str | Path, seed: int, force: bool, kind: str, model_class: str,
+               make_config, make_processor) -> Path:
+    """Build (or reuse) a tiny model of `kind` in ``out_dir`` and return its path.
 
     Offline and deterministic: the same ``seed`` gives byte-identical files. Returns immediately when
-    ``out_dir`` already holds a complete build of this ``BUILD_VERSION`` and seed (unless ``force``).
+    ``out_dir`` already holds a complete build of this ``BUILD_VERSION``, kind and seed (unless ``force``).
     """
     out = Path(out_dir).absolute()
-    if not force and is_complete_build(out, seed=seed):
+    if not force and is_complete_build(out, seed=seed, kind=kind):
         return out
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
     try:
-        _write_build(tmp, seed)
+        write_build(tmp, seed, kind, model_class, make_config, make_processor)
         _make_readable(tmp)
         if force and out.exists():
             (out / MARKER).unlink(missing_ok=True)
-        _install(tmp, out, seed)
+        _install(tmp, out, seed, kind)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if not is_complete_build(out, seed=seed):
-        raise RuntimeError(f"tiny model build in {out} is incomplete")
+    if not is_complete_build(out, seed=seed, kind=kind):
+        raise RuntimeError(f"tiny {kind} build in {out} is incomplete")
     return out
+
+
+def build_tiny_qwen3vl(out_dir: str | Path, seed: int = 0, force: bool = False) -> Path:
+    """Build (or reuse) the tiny Qwen3-VL in ``out_dir`` (see `build_tiny`)."""
+    return build_tiny(out_dir, seed, force, "qwen3_vl", "Qwen3VLForConditionalGeneration",
+                      _make_config, _make_processor)
 
 
 def main(argv: list[str] | None = None) -> None:

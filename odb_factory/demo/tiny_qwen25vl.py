@@ -21,24 +21,10 @@ CLI: ``python -m odb_factory.demo.tiny_qwen25vl OUT_DIR [--seed N] [--force]``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from odb_factory.demo.tiny_model import (
-    BUILD_VERSION,
-    CHAT_TEMPLATE,
-    MARKER,
-    VOCAB_PAD_MULTIPLE,
-    _make_readable,
-    _sha256,
-    _token_ids,
-    _train_tokenizer,
-    is_complete_build,
-)
+from odb_factory.demo.tiny_model import CHAT_TEMPLATE, VOCAB_PAD_MULTIPLE, _token_ids, build_tiny
 
 KIND = "qwen2_5_vl"
 
@@ -132,89 +118,11 @@ def _make_processor(tok):
     )
 
 
-def _write_build(tmp: Path, seed: int) -> None:
-    import torch
-    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
-
-    tok = _train_tokenizer(seed)
-    config, ids = _make_config(tok)
-    processor = _make_processor(tok)
-    processor.save_pretrained(tmp)
-
-    torch_state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
-        model = Qwen2_5_VLForConditionalGeneration(config)
-    finally:
-        torch.random.set_rng_state(torch_state)
-    model.save_pretrained(tmp, safe_serialization=True)
-    GenerationConfig(
-        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
-        pad_token_id=ids["<|endoftext|>"],
-        do_sample=False,
-    ).save_pretrained(tmp)
-
-    files = {}
-    for p in sorted(tmp.rglob("*")):
-        if p.is_file():
-            files[p.relative_to(tmp).as_posix()] = [p.stat().st_size, _sha256(p)]
-    marker = {
-        "build_version": BUILD_VERSION,
-        "kind": KIND,
-        "seed": seed,
-        "token_ids": ids,
-        "vocab_size": config.text_config.vocab_size,
-        "len_tokenizer": len(tok),
-        "num_parameters": sum(p.numel() for p in model.parameters()),
-        "files": files,
-    }
-    with open(tmp / MARKER, "w", encoding="utf-8") as f:
-        json.dump(marker, f, indent=2, sort_keys=True)
-        f.write("\n")
-
-
-def _install(tmp: Path, out: Path, seed: int) -> None:
-    """Move a finished build from ``tmp`` into ``out`` (marker last), tolerating a concurrent winner."""
-    try:
-        os.rename(tmp, out)  # atomic when ``out`` is absent or an empty directory
-        return
-    except OSError:
-        pass
-    if is_complete_build(out, seed=seed, kind=KIND):
-        return  # another process finished first (identical for the same seed)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).unlink(missing_ok=True)
-    for p in sorted(tmp.rglob("*")):
-        if p.is_file() and p.name != MARKER:
-            dst = out / p.relative_to(tmp)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(p, dst)
-    os.replace(tmp / MARKER, out / MARKER)
-
-
 def build_tiny_qwen25vl(out_dir: str | Path, seed: int = 0, force: bool = False) -> Path:
-    """Build (or reuse) the tiny Qwen2.5-VL in ``out_dir`` and return its path.
-
-    Offline and deterministic: the same ``seed`` gives the same files. Returns immediately when ``out_dir``
-    already holds a complete Qwen2.5-VL build of this ``BUILD_VERSION`` and seed (unless ``force``).
-    """
-    out = Path(out_dir).absolute()
-    if not force and is_complete_build(out, seed=seed, kind=KIND):
-        return out
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
-    try:
-        _write_build(tmp, seed)
-        _make_readable(tmp)
-        if force and out.exists():
-            (out / MARKER).unlink(missing_ok=True)
-        _install(tmp, out, seed)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if not is_complete_build(out, seed=seed, kind=KIND):
-        raise RuntimeError(f"tiny Qwen2.5-VL build in {out} is incomplete")
-    return out
+    """Build (or reuse) the tiny Qwen2.5-VL in ``out_dir`` and return its path (offline,
+    deterministic, idempotent: see `tiny_model.build_tiny`)."""
+    return build_tiny(out_dir, seed, force, KIND, "Qwen2_5_VLForConditionalGeneration",
+                      _make_config, _make_processor)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,7 +4,6 @@ checkpoint, the audit ledger and ODB metrics."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import sys
 from typing import Any, Optional
 

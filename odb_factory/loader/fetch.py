@@ -6,7 +6,7 @@ runs beside the pipeline, in the worker, on exactly what will be trained.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, List, Tuple
+from typing import Any, Iterable, Iterator, Tuple
 
 from torch.utils.data import Dataset, Sampler
 

@@ -14,7 +14,7 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from torch.utils.data import DataLoader
 
