@@ -10,7 +10,7 @@ import logging
 logger = logging.getLogger("odb_factory")
 
 LLAMAFACTORY_VERSIONS = ("0.9.5",)
-TRANSFORMERS_RANGE = ("4.57.1", "5.6.0")  # inclusive; 4.57.0 is excluded for Qwen3-VL
+TRANSFORMERS_RANGE = ("5.6.0", "5.6.0")  # inclusive; the 4.57 Trainer has other hook signatures
 
 _applied = False
 
