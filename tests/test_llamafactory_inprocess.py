@@ -118,3 +118,15 @@ def test_hook_costs_nothing_in_other_processes():
            "any(type(f).__name__ == 'PatchOnImport' for f in sys.meta_path))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False", "True"]
+
+
+def test_unsupported_versions_are_named(monkeypatch):
+    import llamafactory
+    import transformers
+    import odb_factory_patches
+    assert odb_factory_patches.unsupported_reason() is None
+    monkeypatch.setattr(llamafactory, "__version__", "0.9.4")
+    assert "llamafactory 0.9.4 is installed" in odb_factory_patches.unsupported_reason()
+    monkeypatch.setattr(llamafactory, "__version__", "0.9.5")
+    monkeypatch.setattr(transformers, "__version__", "4.57.1")
+    assert "transformers 4.57.1 is installed" in odb_factory_patches.unsupported_reason()
