@@ -31,7 +31,8 @@ def _odb_run(tmp_path, tiny_model, demo_data, name, nproc=1, **overrides):
 def test_one_process_two_epochs_schedule_coverage_and_eval(tmp_path, tiny_model, demo_data):
     out, rows = _odb_run(tmp_path, tiny_model, demo_data, "single", num_train_epochs=2,
                          gradient_accumulation_steps=2, warmup_ratio=0.1, val_size=0.25,
-                         eval_strategy="steps", eval_steps=4, per_device_eval_batch_size=4)
+                         eval_strategy="steps", eval_steps=4, per_device_eval_batch_size=4,
+                         report_to="tensorboard")
     train_split = NUM_SAMPLES - NUM_SAMPLES // 4
     for epoch in (0, 1):
         assert trained_indices([r for r in rows if r["epoch"] == epoch]) == list(range(train_split))
@@ -47,6 +48,12 @@ def test_one_process_two_epochs_schedule_coverage_and_eval(tmp_path, tiny_model,
     assert lrs.index(max(lrs)) < len(lrs) // 4
     assert all(0 < h["odb/padding_efficiency"] <= 1 for h in history)
     assert all(r["micro_steps"] == 2 for r in rows), "every optimizer step is a full accumulation window"
+    # the ODB metrics reach TensorBoard when report_to asks for it
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    tags = set()
+    for run_dir in {p.parent for p in out.rglob("events.out.tfevents.*")}:
+        tags |= set(EventAccumulator(str(run_dir)).Reload().Tags()["scalars"])
+    assert {"train/odb/padding_efficiency", "train/odb/data_wait_s"} <= tags, sorted(tags)
 
 
 @pytest.mark.parametrize("join", [True, False])

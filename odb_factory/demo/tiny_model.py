@@ -210,17 +210,19 @@ def _token_ids(tok) -> dict[str, int]:
     return ids
 
 
-def _make_config(tok):
-    from transformers import Qwen3VLConfig
+def make_vl_config(config_class, tok, text_config: dict, vision_config: dict):
+    """A Qwen-VL config whose special-token ids are the tiny tokenizer's (shared by the
+    Qwen3-VL and Qwen2.5-VL builders). Returns (config, token ids)."""
+    import copy
 
     ids = _token_ids(tok)
     vocab_size = -(-len(tok) // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
-    text = dict(TEXT_CONFIG, vocab_size=vocab_size, pad_token_id=ids["<|endoftext|>"])
+    text = dict(copy.deepcopy(text_config), vocab_size=vocab_size, pad_token_id=ids["<|endoftext|>"])
     text["bos_token_id"] = None  # like the tokenizer (Qwen has no BOS); avoids HF's token-alignment warning
     text["eos_token_id"] = ids["<|im_end|>"]
-    config = Qwen3VLConfig(
+    config = config_class(
         text_config=text,
-        vision_config=dict(VISION_CONFIG, out_hidden_size=TEXT_CONFIG["hidden_size"]),
+        vision_config=dict(vision_config, out_hidden_size=text_config["hidden_size"]),
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
@@ -234,18 +236,31 @@ def _make_config(tok):
     return config, ids
 
 
-def _make_processor(tok):
-    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+def _make_config(tok):
+    from transformers import Qwen3VLConfig
 
-    image_processor = Qwen2VLImageProcessor(
-        patch_size=VISION_CONFIG["patch_size"],
-        temporal_patch_size=VISION_CONFIG["temporal_patch_size"],
-        merge_size=VISION_CONFIG["spatial_merge_size"],
-        min_pixels=IMAGE_MIN_PIXELS,
-        max_pixels=IMAGE_MAX_PIXELS,
+    return make_vl_config(Qwen3VLConfig, tok, TEXT_CONFIG, VISION_CONFIG)
+
+
+def make_image_processor(vision_config: dict, min_pixels: int, max_pixels: int):
+    """The image processor both tiny builders use (grid sizes follow the vision config)."""
+    from transformers import Qwen2VLImageProcessor
+
+    return Qwen2VLImageProcessor(
+        patch_size=vision_config["patch_size"],
+        temporal_patch_size=vision_config["temporal_patch_size"],
+        merge_size=vision_config["spatial_merge_size"],
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
         image_mean=[0.5, 0.5, 0.5],
         image_std=[0.5, 0.5, 0.5],
     )
+
+
+def _make_processor(tok):
+    from transformers import Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    image_processor = make_image_processor(VISION_CONFIG, IMAGE_MIN_PIXELS, IMAGE_MAX_PIXELS)
     video_processor = Qwen3VLVideoProcessor(
         patch_size=VISION_CONFIG["patch_size"],
         temporal_patch_size=VISION_CONFIG["temporal_patch_size"],
@@ -361,13 +376,18 @@ def build_tiny_qwen3vl(out_dir: str | Path, seed: int = 0, force: bool = False) 
                       _make_config, _make_processor)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Build the tiny random Qwen3-VL (offline, deterministic).")
+def build_cli(build, name: str, argv: list[str] | None = None) -> None:
+    """`python -m ...` entry of a tiny-model builder."""
+    p = argparse.ArgumentParser(description=f"Build the tiny random {name} (offline, deterministic).")
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
     a = p.parse_args(argv)
-    print(build_tiny_qwen3vl(a.out_dir, seed=a.seed, force=a.force))
+    print(build(a.out_dir, seed=a.seed, force=a.force))
+
+
+def main(argv: list[str] | None = None) -> None:
+    build_cli(build_tiny_qwen3vl, "Qwen3-VL", argv)
 
 
 if __name__ == "__main__":

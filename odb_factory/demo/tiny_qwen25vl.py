@@ -20,11 +20,10 @@ CLI: ``python -m odb_factory.demo.tiny_qwen25vl OUT_DIR [--seed N] [--force]``.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
-from odb_factory.demo.tiny_model import CHAT_TEMPLATE, VOCAB_PAD_MULTIPLE, _token_ids, build_tiny
+from odb_factory.demo.tiny_model import CHAT_TEMPLATE, build_cli, build_tiny, make_image_processor, make_vl_config
 
 KIND = "qwen2_5_vl"
 
@@ -72,49 +71,25 @@ VIDEO_MAX_PIXELS = 128 * 128 * 4
 def _make_config(tok):
     from transformers import Qwen2_5_VLConfig
 
-    ids = _token_ids(tok)
-    vocab_size = -(-len(tok) // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
-    text = dict(TEXT_CONFIG, vocab_size=vocab_size, pad_token_id=ids["<|endoftext|>"])
-    text["rope_parameters"] = dict(TEXT_CONFIG["rope_parameters"])
-    text["bos_token_id"] = None  # Qwen has no BOS (like the tokenizer)
-    text["eos_token_id"] = ids["<|im_end|>"]
-    config = Qwen2_5_VLConfig(
-        text_config=text,
-        vision_config=dict(VISION_CONFIG, out_hidden_size=TEXT_CONFIG["hidden_size"]),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
-    )
-    config.dtype = "float32"
-    # top-level copies: HF Trainer's align_special_tokens compares the tokenizer with these
-    config.eos_token_id = ids["<|im_end|>"]
-    config.pad_token_id = ids["<|endoftext|>"]
+    config, ids = make_vl_config(Qwen2_5_VLConfig, tok, TEXT_CONFIG, VISION_CONFIG)
     config.bos_token_id = None
     return config, ids
 
 
 def _make_processor(tok):
-    from transformers import (
-        Qwen2_5_VLProcessor,
-        Qwen2VLImageProcessor,
-        Qwen2VLVideoProcessor,
-    )
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLVideoProcessor
 
-    common: dict[str, Any] = {
-        "patch_size": VISION_CONFIG["patch_size"],
-        "temporal_patch_size": VISION_CONFIG["temporal_patch_size"],
-        "merge_size": VISION_CONFIG["spatial_merge_size"],
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
-    }
-    image_processor = Qwen2VLImageProcessor(min_pixels=IMAGE_MIN_PIXELS, max_pixels=IMAGE_MAX_PIXELS, **common)
     video_processor = Qwen2VLVideoProcessor(
-        size={"shortest_edge": VIDEO_MIN_PIXELS, "longest_edge": VIDEO_MAX_PIXELS}, **common
+        patch_size=VISION_CONFIG["patch_size"],
+        temporal_patch_size=VISION_CONFIG["temporal_patch_size"],
+        merge_size=VISION_CONFIG["spatial_merge_size"],
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+        size={"shortest_edge": VIDEO_MIN_PIXELS, "longest_edge": VIDEO_MAX_PIXELS},
     )
     return Qwen2_5_VLProcessor(
-        image_processor=image_processor, tokenizer=tok, video_processor=video_processor, chat_template=CHAT_TEMPLATE
+        image_processor=make_image_processor(VISION_CONFIG, IMAGE_MIN_PIXELS, IMAGE_MAX_PIXELS), tokenizer=tok,
+        video_processor=video_processor, chat_template=CHAT_TEMPLATE
     )
 
 
@@ -126,12 +101,7 @@ def build_tiny_qwen25vl(out_dir: str | Path, seed: int = 0, force: bool = False)
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Build the tiny random Qwen2.5-VL (offline, deterministic).")
-    p.add_argument("out_dir")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
-    a = p.parse_args(argv)
-    print(build_tiny_qwen25vl(a.out_dir, seed=a.seed, force=a.force))
+    build_cli(build_tiny_qwen25vl, "Qwen2.5-VL", argv)
 
 
 if __name__ == "__main__":
