@@ -4,8 +4,8 @@ tiny Qwen3-VL on the generated demo set (length CV ~1.0), side by side in one pr
 * emitted samples/s, ODB vs Standard (batch 1 per device, as the paper's Standard), over
   repeated runs: mean and spread of the ratio;
 * ODB with post-balancing on vs off;
-* per-step records (real/padded tokens, attention cost, wall time) from ODB's audit ledger,
-  to fit and check the step-time model (predicted vs measured);
+* per-step records (padded tokens, attention cost, vision patches of the slowest rank; wall
+  time) from ODB's audit ledgers, to fit and check the step-time model (predicted vs measured);
 * validation loss after the same samples for Standard, Sorted (group-by-length) and ODB
   (reported, not asserted).
 
@@ -63,26 +63,46 @@ def train(name: str, recipe: str, **overrides) -> Dict[str, float]:
     return metrics
 
 
+FEATURES = ("padded_tokens", "attention_cost", "vision_patches")
+
+
 def step_records(audit_dir: str) -> List[dict]:
-    """Per optimizer step (rank 0): tokens, attention cost and wall time since the last step."""
-    rows = [json.loads(l) for l in Path(audit_dir, "rank0.jsonl").read_text().splitlines()]
+    """Per optimizer step: the work of the slowest rank and the wall time since the last step.
+
+    Ranks synchronise at every step, so a step lasts as long as its busiest rank: each
+    feature is the maximum over the ranks' ledgers (an upper-bound proxy when different
+    ranks are busiest in different features). The wall time is rank 0's; the first step
+    also carries warm-up and is left out."""
+    ledgers = [[json.loads(l) for l in path.read_text().splitlines()]
+               for path in sorted(Path(audit_dir).glob("rank*.jsonl"))]
+    if not ledgers:
+        raise FileNotFoundError(f"no rank*.jsonl ledger in {audit_dir}")
+    if len({len(rows) for rows in ledgers}) != 1:
+        raise ValueError(f"{audit_dir}: ranks logged different step counts "
+                         f"{[len(rows) for rows in ledgers]}")
     out = []
-    for before, row in zip(rows, rows[1:]):  # the first step also carries warm-up
-        out.append({"padded_tokens": row["padded_tokens"], "attention_cost": row["attention_cost"],
-                    "samples": len(row["indices"]), "seconds": row["wall_time"] - before["wall_time"]})
+    for i in range(1, len(ledgers[0])):
+        steps = [rows[i] for rows in ledgers]
+        record = {f: max(float(s.get(f, 0.0)) for s in steps) for f in FEATURES}
+        record["samples"] = sum(len(s["indices"]) for s in steps)
+        record["seconds"] = ledgers[0][i]["wall_time"] - ledgers[0][i - 1]["wall_time"]
+        out.append(record)
     return out
 
 
 def fit_step_time(records: List[dict]) -> Dict[str, float]:
-    """Non-negative least squares of seconds ~ c0 + a*padded_tokens + b*attention, fitted on
-    even steps and checked on odd ones (predicted vs measured)."""
-    x = np.array([[1.0, r["padded_tokens"], r["attention_cost"]] for r in records])
+    """Non-negative least squares of seconds ~ c0 + a*padded_tokens + b*attention +
+    v*vision_patches, fitted on even steps and checked on odd ones (predicted vs measured)."""
+    x = np.array([[1.0] + [r[f] for f in FEATURES] for r in records])
     y = np.array([r["seconds"] for r in records])
     train, test = slice(0, None, 2), slice(1, None, 2)
-    coef, _ = nnls(x[train], y[train])
+    scale = np.linalg.norm(x[train], axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(x[train] / scale, y[train])
+    coef = coef / scale
     pred = x[test] @ coef
     err = np.abs(pred - y[test]) / np.maximum(y[test], 1e-9)
-    return {"c0": coef[0], "a": coef[1], "b": coef[2], "steps_fitted": int(len(y[train])),
+    return {"c0": coef[0], "a": coef[1], "b": coef[2], "v": coef[3], "steps_fitted": int(len(y[train])),
             "steps_checked": int(len(y[test])), "median_abs_pct_error": float(100 * np.median(err)),
             "mean_abs_pct_error": float(100 * np.mean(err))}
 

@@ -338,8 +338,9 @@ def measured_layer(quick: bool, out: Path) -> str:
         writer = csv.DictWriter(fh, ["label", "tokens", "sum_sq", "images", "patches", "patch_sq", "time_s"])
         writer.writeheader()
         for rec in records:
+            # the ledger has no per-image counts: images and patch_sq stay blank (not measured)
             writer.writerow({"label": "odb cpu", "tokens": rec["padded_tokens"], "sum_sq": rec["attention_cost"],
-                             "images": 0, "patches": 0, "patch_sq": 0, "time_s": rec["seconds"]})
+                             "patches": rec["vision_patches"], "time_s": rec["seconds"]})
     log("measured layer: start-up figures")
     start = startup.main(["--quick"] if quick else [])
     lines = ["## Measured on this machine (2 CPU ranks, gloo, tiny Qwen3-VL)",
@@ -358,7 +359,8 @@ def measured_layer(quick: bool, out: Path) -> str:
                      f"{res['sorted_samples_per_s']:.1f} samples/s, eval loss {res['sorted_eval_loss']:.4f} "
                      "(quality band: reported, not asserted).")
     fit = res["step_model"]
-    lines += ["", f"Step time ~ c0 + a·padded tokens + b·Σ n·L² fitted (NNLS) on {fit['steps_fitted']} ODB steps, "
+    lines += ["", "Step time ~ c0 + a·padded tokens + b·Σ n·L² + v·vision patches (each the slowest rank's) "
+              f"fitted (NNLS) on {fit['steps_fitted']} ODB optimizer steps, "
               f"checked on {fit['steps_checked']} others: median |error| {fit['median_abs_pct_error']:.1f}%, "
               f"mean {fit['mean_abs_pct_error']:.1f}%.", "",
               "Start-up: " + ", ".join(f"{k} = {v:.3f}" for k, v in start.items()) + "."]

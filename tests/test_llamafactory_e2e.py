@@ -66,6 +66,19 @@ def test_two_ranks_ddp_join_and_nonjoin(tmp_path, tiny_model, demo_data, join):
         assert indices == list(range(NUM_SAMPLES))
     else:
         assert len(indices) == NUM_SAMPLES
+    # vision patches are recorded exactly for the steps that trained images (merge 2x2 units)
+    demo_rows = json.loads((demo_data / "demo.json").read_text())
+    for r in rows:
+        has_image = any(demo_rows[i]["images"] for i in r["indices"])
+        assert (r["vision_patches"] > 0) == has_image and r["vision_patches"] % 4 == 0, r
+    # the benchmark's measured layer reads these ledgers: per step, the busiest rank's work
+    from bench.measured import step_records
+    records = step_records(str(tmp_path / f"ddp_join{join}_audit"))
+    assert len(records) == len(steps[0]) - 1
+    by_step = {s: [r for r in rows if r["step"] == s] for s in steps[0][1:]}
+    assert [rec["padded_tokens"] for rec in records] == [max(r["padded_tokens"] for r in by_step[s])
+                                                         for s in steps[0][1:]]
+    assert all(rec["seconds"] > 0 for rec in records)
 
 
 def test_two_ranks_zero2(tmp_path, tiny_model, demo_data):

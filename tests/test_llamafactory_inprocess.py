@@ -53,6 +53,23 @@ def test_lazy_equals_eager_on_generated_multimodal_data(lf, tmp_path, tiny_model
     _assert_identical(*_datasets(lf, config))
 
 
+def test_truncated_vision_tokens_are_named(lf, tmp_path, tiny_model, demo_data):
+    from odb_factory.llamafactory.lazy_dataset import TruncatedVisionTokensError
+    lazy, eager = _datasets(lf, base_yaml(tiny_model, demo_data, tmp_path / "a", odb_enable=True, cutoff_len=128))
+    full, _ = _datasets(lf, base_yaml(tiny_model, demo_data, tmp_path / "b", odb_enable=True, cutoff_len=4096))
+    image_id = json.loads((tiny_model / "config.json").read_text())["image_token_id"]
+    cut = []
+    for i in range(len(eager)):
+        # upstream's own output tells which rows lost image tokens to the cutoff
+        if eager[i]["input_ids"].count(image_id) != full[i]["input_ids"].count(image_id):
+            cut.append(i)
+            with pytest.raises(TruncatedVisionTokensError, match=rf"training row {lazy.rows[i]}: cutoff_len=128"):
+                lazy[i]
+        else:
+            assert lazy[i]["input_ids"] == eager[i]["input_ids"]
+    assert 0 < len(cut) < len(eager)
+
+
 @pytest.mark.skipif(not lf_runs.SHARED_DEMO.exists(), reason="shared LLaMA-Factory demo data is absent")
 def test_lazy_equals_eager_on_real_demo_data(lf, tmp_path, tiny_model):
     demo = lf_runs.SHARED_DEMO
@@ -69,8 +86,10 @@ def test_lazy_equals_eager_on_real_demo_data(lf, tmp_path, tiny_model):
                                "assistant_tag": "assistant"}}}))
     config = base_yaml(tiny_model, data_dir, tmp_path / "out", media_dir=str(demo), odb_enable=True,
                        dataset="mllm_demo,alpaca_en_demo,glaive_toolcall_en_demo", max_samples=80,
-                       cutoff_len=128)
-    _assert_identical(*_datasets(lf, config))
+                       cutoff_len=256)  # truncates long text rows; no image run is cut at 256
+    lazy, eager = _datasets(lf, config)
+    _assert_identical(lazy, eager)
+    assert any(len(eager[i]["input_ids"]) == 256 for i in range(len(eager))), "truncation is exercised"
 
 
 @pytest.mark.parametrize("change,message", [

@@ -79,6 +79,7 @@ class ODBCallback(TrainerCallback):
             line = {"step": trainer_state.global_step, "epoch": loader.loader.epoch,
                     "indices": [self.row_of(i) for s in steps for i in s.indices],
                     "real_tokens": real, "padded_tokens": padded, "attention_cost": attention,
+                    "vision_patches": sum(s.vision_patches for s in steps),
                     "wall_time": time.time(),
                     "micro_steps": len(steps), "idle_micro_steps": sum(s.is_idle for s in steps)}
             with self.audit_path.open("a") as f:

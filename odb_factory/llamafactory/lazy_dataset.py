@@ -7,9 +7,15 @@ pixels needs no rebuild, and each sample's cost is observed after the real pipel
 
 from __future__ import annotations
 
+from copy import deepcopy
 from typing import Any, Dict, List
 
 REQUIRED_COLUMNS = ("_prompt", "_response")
+
+
+class TruncatedVisionTokensError(ValueError):
+    """cutoff_len cut into a sample's image/video tokens: the model cannot match them to the
+    vision features, and would fail later with an opaque shape mismatch."""
 
 
 class LazySupervisedDataset:
@@ -43,7 +49,35 @@ class LazySupervisedDataset:
         out = self.processor.preprocess_dataset({k: [v] for k, v in row.items()})
         if not out["input_ids"]:
             raise ValueError(f"LLaMA-Factory's preprocessing dropped training row {self.rows[index]}")
-        return {k: v[0] for k, v in out.items()}
+        sample = {k: v[0] for k, v in out.items()}
+        self._check_vision_tokens(self.rows[index], row, sample["input_ids"])
+        return sample
+
+    def _check_vision_tokens(self, row_index: int, row: Dict[str, Any], input_ids: List[int]) -> None:
+        """Fail, naming the row, when truncation kept only part of its vision tokens.
+
+        Only a sample that reached cutoff_len and carries images or videos can be affected;
+        for those (rare) samples the plugin's expansion is recomputed and its vision tokens
+        counted, so the check costs nothing on the others."""
+        cutoff = self.processor.data_args.cutoff_len
+        images, videos = row.get("_images") or [], row.get("_videos") or []
+        if len(input_ids) < cutoff or not (images or videos):
+            return
+        plugin, tokenizer = self.processor.template.mm_plugin, self.processor.tokenizer
+        messages = plugin.process_messages(deepcopy(row["_prompt"] + row["_response"]), images, videos,
+                                           row.get("_audios") or [], self.processor.processor)
+        for token, what, key in ((plugin.image_token, "image", "image_max_pixels"),
+                                 (plugin.video_token, "video", "video_max_pixels")):
+            if token is None:
+                continue
+            expected = sum(m["content"].count(token) for m in messages)
+            token_id = tokenizer.convert_tokens_to_ids(token)
+            kept = sum(1 for t in input_ids if t == token_id)
+            if kept != expected:
+                raise TruncatedVisionTokensError(
+                    f"training row {row_index}: cutoff_len={cutoff} cuts into its {what} tokens "
+                    f"(kept {kept} of {expected}), and the model cannot train on a partial {what}. "
+                    f"Raise cutoff_len, lower {key}, or remove the row.")
 
     def dataset_row(self, index: int) -> int:
         """The converted dataset's row for ODB index `index` (what audit ledgers record)."""

@@ -17,6 +17,7 @@ class ODBBatch:
     num_tokens: supervised tokens (labels != ignore_index) of this rank's group.
     global_num_tokens: supervised tokens of all ranks over this step's gradient-accumulation
         window (the exact loss denominator).
+    vision_patches: vision-encoder patches of this rank's group (as the loader placed it).
     loss_scale: multiply this rank's per-token *mean* loss by it; with DDP's gradient
         average the result is the gradient of the global per-token mean (see README).
     """
@@ -30,6 +31,7 @@ class ODBBatch:
     step: int
     num_input_tokens: int = 0
     padded_tokens: int = 0
+    vision_patches: int = 0
     global_num_samples: int = 0
     metrics: Dict[str, float] = field(default_factory=dict)
 

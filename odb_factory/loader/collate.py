@@ -28,6 +28,7 @@ class StepPlan:
     num_tokens: int               # supervised tokens of this rank's group
     num_input_tokens: int
     padded_tokens: int
+    vision_patches: int           # vision-encoder patches of this rank's group
     global_num_tokens: int        # supervised tokens of the whole accumulation window
     global_num_samples: int
     round_stats: Dict[str, float] = field(default_factory=dict)

@@ -247,6 +247,7 @@ class ODBDataLoader:
                         global_num_tokens=plan.global_num_tokens, loss_scale=scale,
                         is_idle=plan.is_idle, epoch=plan.epoch, step=plan.step,
                         num_input_tokens=plan.num_input_tokens, padded_tokens=plan.padded_tokens,
+                        vision_patches=plan.vision_patches,
                         global_num_samples=plan.global_num_samples, metrics=metrics)
 
     # ---------------------------------------------------------------- shutdown

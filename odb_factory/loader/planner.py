@@ -119,7 +119,9 @@ class PlannerThread(threading.Thread):
                 epoch=self.epoch, step=self.step, round=slot.round, samples=samples,
                 indices=[s.index for s in slot.samples], is_idle=slot.is_idle,
                 num_tokens=slot.label_tokens, num_input_tokens=slot.tokens,
-                padded_tokens=slot.padded_tokens, global_num_tokens=window_tokens,
+                padded_tokens=slot.padded_tokens,
+                vision_patches=sum(s.cost.vision_patches for s in slot.samples),
+                global_num_tokens=window_tokens,
                 global_num_samples=slot.global_samples, round_stats=round_stats))
             self.step += 1
 
