@@ -7,7 +7,9 @@ tiny Qwen3-VL on the generated demo set (length CV ~1.0), side by side in one pr
 * per-step records (padded tokens, attention cost, vision patches of the slowest rank; wall
   time) from ODB's audit ledgers, to fit and check the step-time model (predicted vs measured);
 * validation loss after the same samples for Standard, Sorted (group-by-length) and ODB
-  (reported, not asserted).
+  (reported, not asserted), and for Standard with ODB's mean samples per micro-step as its
+  batch: ODB takes far fewer optimizer steps at the same learning rate, and this run tells
+  that effect apart from the grouping itself.
 
     python -m bench.measured [--quick]
 """
@@ -60,6 +62,7 @@ def train(name: str, recipe: str, **overrides) -> Dict[str, float]:
         raise RuntimeError(f"{name} failed; see {log}")
     metrics = json.loads((out / "all_results.json").read_text())
     metrics["audit"] = str(RUNS / f"{name}_audit")
+    metrics["optimizer_steps"] = json.loads((out / "trainer_state.json").read_text())["global_step"]
     return metrics
 
 
@@ -88,6 +91,14 @@ def step_records(audit_dir: str) -> List[dict]:
         record["seconds"] = ledgers[0][i]["wall_time"] - ledgers[0][i - 1]["wall_time"]
         out.append(record)
     return out
+
+
+def mean_group_size(audit_dir: Path) -> int:
+    """ODB's mean samples per rank per micro-step (rounded, at least 1)."""
+    rows = [json.loads(l) for path in sorted(Path(audit_dir).glob("rank*.jsonl"))
+            for l in path.read_text().splitlines()]
+    busy = sum(r["micro_steps"] - r["idle_micro_steps"] for r in rows)
+    return max(1, round(sum(len(r["indices"]) for r in rows) / max(1, busy)))
 
 
 def fit_step_time(records: List[dict]) -> Dict[str, float]:
@@ -125,7 +136,8 @@ def main(argv=None) -> Dict[str, object]:
         ratios.append(odb["train_samples_per_second"] / std["train_samples_per_second"])
         runs.append({"repeat": r, "standard_samples_per_s": std["train_samples_per_second"],
                      "odb_samples_per_s": odb["train_samples_per_second"], "ratio": ratios[-1],
-                     "standard_eval_loss": std.get("eval_loss"), "odb_eval_loss": odb.get("eval_loss")})
+                     "standard_eval_loss": std.get("eval_loss"), "odb_eval_loss": odb.get("eval_loss"),
+                     "standard_steps": std["optimizer_steps"], "odb_steps": odb["optimizer_steps"]})
     results["runs"] = runs
     results["ratio_mean"] = statistics.mean(ratios)
     results["ratio_min"], results["ratio_max"] = min(ratios), max(ratios)
@@ -143,9 +155,17 @@ def main(argv=None) -> Dict[str, object]:
                            per_device_train_batch_size=4)
         results["sorted_samples_per_s"] = sorted_run["train_samples_per_second"]
         results["sorted_eval_loss"] = sorted_run.get("eval_loss")
+        batch = mean_group_size(RUNS / "odb_0_audit")
+        print(f"[measured] Standard with ODB's mean group size as its batch ({batch})", file=sys.stderr, flush=True)
+        matched = train("standard_matched", STANDARD_RECIPE, per_device_train_batch_size=batch)
+        results["matched_batch"] = batch
+        results["matched_samples_per_s"] = matched["train_samples_per_second"]
+        results["matched_eval_loss"] = matched.get("eval_loss")
+        results["matched_steps"] = matched["optimizer_steps"]
+    results["records"] = records
     results["step_model"] = fit_step_time(records)
     return results
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(), indent=2))
+    print(json.dumps({k: v for k, v in main().items() if k != "records"}, indent=2))

@@ -332,8 +332,7 @@ def measured_layer(quick: bool, out: Path) -> str:
     from . import measured as cpu, startup
     log("measured layer: llamafactory-cli on 2 CPU ranks (tiny Qwen3-VL, generated data)")
     res = cpu.main(["--quick"] if quick else [])
-    records = [rec for name in sorted(Path(cpu.RUNS).glob("odb*_audit"))
-               for rec in cpu.step_records(str(name))]
+    records = res["records"]  # this run's ODB steps only (older ledgers may sit beside them)
     with open(out / "measured_rows.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, ["label", "tokens", "sum_sq", "images", "patches", "patch_sq", "time_s"])
         writer.writeheader()
@@ -346,11 +345,13 @@ def measured_layer(quick: bool, out: Path) -> str:
     lines = ["## Measured on this machine (2 CPU ranks, gloo, tiny Qwen3-VL)",
              f"Generated mixed text/image data, length CV {res['length_cv']:.2f}, 256 samples "
              f"(10% held out); {res['repeats']} repeats, Standard = batch 1 per device.", "",
-             "| repeat | Standard samples/s | ODB samples/s | ODB / Standard | Standard eval loss | ODB eval loss |",
-             "|---|---|---|---|---|---|"]
+             "| repeat | Standard samples/s | ODB samples/s | ODB / Standard | Standard eval loss | ODB eval loss "
+             "| optimizer steps Standard / ODB |",
+             "|---|---|---|---|---|---|---|"]
     for r in res["runs"]:
         lines.append(f"| {r['repeat']} | {r['standard_samples_per_s']:.1f} | {r['odb_samples_per_s']:.1f} | "
-                     f"{r['ratio']:.2f} | {r['standard_eval_loss']:.4f} | {r['odb_eval_loss']:.4f} |")
+                     f"{r['ratio']:.2f} | {r['standard_eval_loss']:.4f} | {r['odb_eval_loss']:.4f} | "
+                     f"{r['standard_steps']} / {r['odb_steps']} |")
     lines += ["", f"ODB / Standard: mean {res['ratio_mean']:.2f}×, range {res['ratio_min']:.2f}–"
               f"{res['ratio_max']:.2f}× over {res['repeats']} repeats."]
     if "balance_samples_per_s" in res:
@@ -358,6 +359,13 @@ def measured_layer(quick: bool, out: Path) -> str:
                      f"({res['balance_ratio_vs_odb']:.2f}× ODB); Sorted (group-by-length, batch 4): "
                      f"{res['sorted_samples_per_s']:.1f} samples/s, eval loss {res['sorted_eval_loss']:.4f} "
                      "(quality band: reported, not asserted).")
+        std_loss, odb_loss = res["runs"][0]["standard_eval_loss"], res["runs"][0]["odb_eval_loss"]
+        nearer = "ODB" if abs(res["matched_eval_loss"] - odb_loss) < abs(res["matched_eval_loss"] - std_loss) \
+            else "batch-1 Standard"
+        lines.append(f"Standard with batch {res['matched_batch']} (ODB's mean samples per micro-step): "
+                     f"{res['matched_samples_per_s']:.1f} samples/s, {res['matched_steps']} optimizer steps, "
+                     f"eval loss {res['matched_eval_loss']:.4f}, nearer {nearer}'s — the same learning rate "
+                     "over fewer, larger optimizer steps is what this run isolates from the grouping.")
     fit = res["step_model"]
     lines += ["", "Step time ~ c0 + a·padded tokens + b·Σ n·L² + v·vision patches (each the slowest rank's) "
               f"fitted (NNLS) on {fit['steps_fitted']} ODB optimizer steps, "
