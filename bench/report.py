@@ -237,6 +237,20 @@ def _plt():
     return plt
 
 
+def _label(ax, xlabel: str, ylabel: str, legend_size: int = 7) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _plt().close(fig)
+    return path
+
+
 def plot_speedup_bars(rows: Sequence[Mapping], path: Path, setting: str = "1n-full",
                       model: str = "8B") -> Optional[Path]:
     sel = [r for r in rows if r["setting"] == setting and r["model"] == model]
@@ -258,10 +272,7 @@ def plot_speedup_bars(rows: Sequence[Mapping], path: Path, setting: str = "1n-fu
         ax.set_title(f"{r['workload']}\nCV {r['cv']:.2f}, f_s {r['f_s']:.2f}", fontsize=8)
         ax.set_xlabel("speedup vs Standard bs=1", fontsize=8)
     fig.suptitle(f"Simulated speedup, Qwen3-VL-{model}, {sel[0]['setting_label']} (8×H20 model)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_sweeps(cv_rows: Sequence[Mapping], fs_rows: Sequence[Mapping], path: Path) -> Path:
@@ -276,14 +287,8 @@ def plot_sweeps(cv_rows: Sequence[Mapping], fs_rows: Sequence[Mapping], path: Pa
             legend = LABEL.get(name, name) + (" (2B, 2 nodes)" if col.endswith("_2b_2n") else " (8B, 1 node)")
             if pts:
                 ax.plot(*zip(*pts), marker="o", ls="--" if col.endswith("_2b_2n") else "-", label=legend)
-        ax.set_xlabel(label)
-        ax.set_ylabel("speedup vs Standard bs=1")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+        _label(ax, label, "speedup vs Standard bs=1", legend_size=8)
+    return _save(fig, path)
 
 
 def plot_lines(rows: Sequence[Mapping], x: str, y: str, group: str, path: Path, xlabel: str,
@@ -296,14 +301,8 @@ def plot_lines(rows: Sequence[Mapping], x: str, y: str, group: str, path: Path, 
             ax.plot(*zip(*pts), marker="o", label=g)
     if logx:
         ax.set_xscale("log", base=2)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    _label(ax, xlabel, ylabel)
+    return _save(fig, path)
 
 
 # ----------------------------------------------------------------------------- measured layer
@@ -327,9 +326,7 @@ def add_measured_rows(rows: Iterable[Mapping[str, float]], out_dir: Path,
     ax.set_xlabel("measured step time (s)")
     ax.set_ylabel("predicted (s)")
     ax.set_title(f"NNLS fit: MAPE {fit.mape:.1%}, R² {fit.r2:.3f}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out_dir / "measured_vs_predicted.png", dpi=120)
-    plt.close(fig)
+    _save(fig, out_dir / "measured_vs_predicted.png")
     coef = ", ".join(f"{k}={v:.4g}" for k, v in fit.coef.items())
     return "\n".join([
         "## Measured layer: step model fitted to measured rows",

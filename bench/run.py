@@ -467,7 +467,7 @@ def write_outputs(out: Path, rows, profiles, lmax, buffer_rows, depth, cv_rows, 
     report.write_csv(out / "methods.csv", report.detail_rows(rows))
     report.write_csv(out / "profiles.csv", [p.summary() for p in profiles.values()])
     models = []
-    for setting, (label, hw, mode) in SETTINGS.items():
+    for setting, (_, hw, mode) in SETTINGS.items():
         for model in ("8B", "2B"):
             models.append({"setting": setting, **describe(build_step_model(MODELS[model], hw, mode, mfu=mfu))})
     report.write_csv(out / "step_models.csv", models)

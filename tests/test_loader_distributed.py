@@ -12,7 +12,6 @@ N = 203  # not divisible by 2 or 3: uneven shards
 
 
 def _ledger_run(rank, world, join, workers, collate_workers, start_method, epochs):
-    import torch
     from odb_factory import ODBConfig, ODBDataLoader
     from odb_factory.synthetic import LengthDataset, long_tail_lengths, pad_collate
 
