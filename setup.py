@@ -1,6 +1,7 @@
-"""Only what setup.cfg cannot say: the `patches/` folder is the `odb_factory_patches`
-package, and odb_factory_hook.pth ships at the top of site-packages, so a plain
-`llamafactory-cli` (and each torchrun worker) applies the patches."""
+"""Only what setup.cfg cannot say: `patches/` is the source root of the
+`odb_factory_patches` package (patches/odb_factory_patches/), and odb_factory_hook.pth
+ships at the top of site-packages, so a plain `llamafactory-cli` (and each torchrun
+worker) applies the patches."""
 
 from pathlib import Path
 
@@ -21,6 +22,6 @@ class build_py_with_pth(build_py):
 
 setup(
     packages=find_packages(include=["odb_factory", "odb_factory.*"]) + ["odb_factory_patches"],
-    package_dir={"odb_factory_patches": "patches"},
+    package_dir={"odb_factory_patches": "patches/odb_factory_patches"},
     cmdclass={"build_py": build_py_with_pth},
 )

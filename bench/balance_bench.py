@@ -41,7 +41,7 @@ import numpy as np
 
 from odb_factory.balance import QWEN3_VL_LLM, QWEN3_VL_VISION, balance
 from odb_factory.balance.padded import padded_cost
-from odb_factory.orchestrate.vision_plan import local_plan, plan_vision
+from odb_factory.balance.vision_plan import local_plan, plan_vision
 
 ROOT = Path(__file__).resolve().parents[1]
 VERL_DIR = ROOT / ".cache" / "verl_pkg"

@@ -24,7 +24,7 @@ from typing import Dict, List, Sequence
 import torch
 
 from odb_factory import ODBConfig, ODBDataLoader, SampleCost
-from odb_factory.planning.simulate import simulate_epoch
+from odb_factory.planning.simulated_world import simulate_epoch
 from odb_factory.synthetic import LengthDataset, long_tail_lengths, pad_collate
 
 REPO = Path(__file__).resolve().parents[1]

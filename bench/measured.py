@@ -28,6 +28,8 @@ from typing import Dict, List
 import numpy as np
 from scipy.optimize import nnls
 
+from odb_factory.llamafactory.audit_ledger import read_ledger, read_rank_ledgers
+
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / ".cache" / "bench_runs"
 ODB_RECIPE = "recipes/tiny/qwen3vl_tiny_odb.yaml"
@@ -76,10 +78,7 @@ def step_records(audit_dir: str) -> List[dict]:
     feature is the maximum over the ranks' ledgers (an upper-bound proxy when different
     ranks are busiest in different features). The wall time is rank 0's; the first step
     also carries warm-up and is left out."""
-    ledgers = [[json.loads(l) for l in path.read_text().splitlines()]
-               for path in sorted(Path(audit_dir).glob("rank*.jsonl"))]
-    if not ledgers:
-        raise FileNotFoundError(f"no rank*.jsonl ledger in {audit_dir}")
+    ledgers = read_rank_ledgers(audit_dir)
     if len({len(rows) for rows in ledgers}) != 1:
         raise ValueError(f"{audit_dir}: ranks logged different step counts "
                          f"{[len(rows) for rows in ledgers]}")
@@ -95,8 +94,7 @@ def step_records(audit_dir: str) -> List[dict]:
 
 def mean_group_size(audit_dir: Path) -> int:
     """ODB's mean samples per rank per micro-step (rounded, at least 1)."""
-    rows = [json.loads(l) for path in sorted(Path(audit_dir).glob("rank*.jsonl"))
-            for l in path.read_text().splitlines()]
+    rows = read_ledger(str(audit_dir))
     busy = sum(r["micro_steps"] - r["idle_micro_steps"] for r in rows)
     return max(1, round(sum(len(r["indices"]) for r in rows) / max(1, busy)))
 

@@ -33,7 +33,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 from odb_factory import ODBConfig, SampleCost
-from odb_factory.planning.simulate import simulate_epoch
+from odb_factory.planning.simulated_world import simulate_epoch
 from odb_factory.planning.views import epoch_view
 
 from .profiles import Profile

@@ -1,132 +1,174 @@
-"""ODBConfig: every knob of the engine in one validated dataclass.
+"""ODBConfig: every knob of the engine, declared once.
 
-The same dataclass is what the LLaMA-Factory adapter fills from `odb_*` YAML keys, so
-every field documents the trade-off it controls.
+Each field carries its documentation and two facts in its metadata (see `option`):
+whether every rank must use the same value (the cross-rank agreement check and the resume
+check are derived from it) and its LLaMA-Factory YAML key, if it has one. The adapter's
+`odb_*` keys, the README tables and the checks all read these declarations; a test fails
+when a field lacks them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
 COST_MODES = ("padded", "packed")
 OVER_BUDGET_POLICIES = ("singleton", "error")
 LOSS_SCALINGS = ("exact", "none")
 BALANCE_MODES = ("padded", "lpt", "min_move")
+START_METHODS = (None, "fork", "spawn", "forkserver")
+LF_PREFIX = "odb_"
+_NOT_SET = object()
+
+
+def option(default: Any = _NOT_SET, doc: str = "", *, agree: bool, lf_key: Optional[str] = "",
+           lf_source: str = "", lf_default: Any = _NOT_SET, choices: Sequence[Any] = (),
+           minimum: Optional[float] = None, default_factory: Any = _NOT_SET) -> Any:
+    """Declare one option.
+
+    agree: every rank must use the same value (it changes what is planned or how it is
+        counted); checked at the first epoch and on resume.
+    lf_key: its LLaMA-Factory key without the `odb_` prefix ("" = the field name; None = not
+        a YAML key: the adapter fills it from LLaMA-Factory's own arguments, `lf_source`).
+    lf_default: the value the adapter uses when the YAML does not set the key, when it
+        differs from the engine default (the reason belongs in `doc`).
+    choices / minimum: checked by `ODBConfig.validate`.
+    """
+    metadata = {"doc": doc, "agree": agree, "lf_key": lf_key, "lf_source": lf_source,
+                "choices": tuple(choices), "minimum": minimum}
+    if lf_default is not _NOT_SET:
+        metadata["lf_default"] = lf_default
+    if default_factory is not _NOT_SET:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
 class ODBConfig:
-    """Configuration of Online Dynamic Batching.
+    """Configuration of Online Dynamic Batching (one field per option; see `option`)."""
 
-    token_budget: L_max, the per-rank token budget of one group (one micro-batch). A group's
-        cost is `n * roundup(max_len, pad_to_multiple_of)` (cost_mode="padded", what a padding
-        collator allocates) or `sum(len)` (cost_mode="packed", for padding-free models).
-        Larger budgets mean fewer, fuller steps until memory or step time dominates.
-    join: True (default) = strict identity coverage: every index of every rank's view is
-        trained exactly once per epoch; ranks that run dry emit IDLE slots until all drain.
-        False = sample-quota closure: ranks never run dry (their view cycles) and the epoch
-        ends when exactly `quota` samples were trained, with no per-index guarantee.
-    quota: samples per epoch in non-join mode (default: len(dataset)).
-    loss_scaling: "exact" gives each step a `loss_scale` so that DDP's gradient average
-        equals the gradient of the mean loss over all supervised tokens of all ranks
-        (and of the gradient-accumulation window); "none" gives loss_scale = 1.
-    gradient_accumulation_steps: micro-steps per optimizer step; the exact loss scale then
-        normalises over the whole window.
-    pad_epoch_to_accumulation: end every epoch with IDLE steps up to a multiple of
-        gradient_accumulation_steps, for trainers that step the optimizer every N micro-steps.
-    seed, shuffle: the per-(seed, epoch) permutation that defines each rank's view.
-    buffer_size: B, samples a rank holds when it forms groups. Larger windows sort better
-        (less padding) but delay the first step and hold more samples in memory.
-    outstanding_depth: D, planned slots queued ahead of the trainer. It lets collation and
-        the next window's alignment overlap training; too small a D makes the trainer wait
-        at window boundaries (`data_wait_s` in the metrics shows it).
-    pad_to_multiple_of: padding granularity used in the padded cost.
-    max_vision_patches: optional cap on the summed vision patches of one group.
-    over_budget: a sample whose own cost exceeds the budget: "singleton" trains it alone and
-        counts it in the metrics (with a warning); "error" raises naming the sample.
-    length_key, label_key, ignore_index: where the default cost function finds the tokens.
-    label_shift: count supervised tokens as a shifted causal-LM loss sees them (labels[1:]).
-    image_grid_key: key of the (num_images, 3) grid (t, h, w) in patches, if samples carry it.
-    vision_token_ids, spatial_merge_size: if set, vision patches are counted as
-        `#(tokens in vision_token_ids) * spatial_merge_size**2` when no grid is present.
-    balance: post-balance every aligned step across ranks (OrchMLLM): the step's samples are
-        re-dealt so each rank's LLM-stage cost is even, within `token_budget` per rank.
-    balance_mode: "padded" (cost = n * g(max len), for padding collators), "lpt" (cost =
-        sum, for packed/padding-free models) or "min_move" (few moves, within tolerance).
-    balance_tolerance: min_move only, allowed excess of the slowest rank over the bound.
-    ranks_per_node: node size for traffic accounting and placement (default: torchrun's
-        LOCAL_WORLD_SIZE, else all ranks on one node).
-    num_workers: DataLoader workers that run the dataset's per-sample pipeline.
-    num_collate_workers: processes that collate groups in parallel (0: in the training thread).
-    sync_timeout_s: timeout of every alignment collective; a timeout names rank and round.
-    multiprocessing_context: "fork", "spawn", "forkserver" or None (torch's default).
-    """
-
-    token_budget: int = 4096
-    join: bool = True
-    quota: Optional[int] = None
-    loss_scaling: str = "exact"
-    gradient_accumulation_steps: int = 1
-    pad_epoch_to_accumulation: bool = False
-    seed: int = 0
-    shuffle: bool = True
-    buffer_size: int = 256
-    outstanding_depth: int = 16
-    pad_to_multiple_of: int = 1
-    cost_mode: str = "padded"
-    max_vision_patches: Optional[int] = None
-    over_budget: str = "singleton"
-    length_key: str = "input_ids"
-    label_key: Optional[str] = "labels"
-    ignore_index: int = -100
-    label_shift: bool = True
-    image_grid_key: str = "image_grid_thw"
-    vision_token_ids: Sequence[int] = field(default_factory=tuple)
-    spatial_merge_size: int = 2
-    balance: bool = False
-    balance_mode: str = "padded"
-    balance_tolerance: float = 0.02
-    ranks_per_node: Optional[int] = None
-    num_workers: int = 0
-    num_collate_workers: int = 0
-    prefetch_factor: int = 2
-    sync_timeout_s: float = 1800.0
-    multiprocessing_context: Optional[str] = None
+    token_budget: int = option(
+        4096, "`L_max`: tokens of one group (micro-batch) per rank. A group costs "
+        "`n·roundup(max_len)` (padded) or `Σ len` (packed); larger budgets mean fewer, fuller "
+        "steps until memory or step time dominates.", agree=True, minimum=1)
+    join: bool = option(
+        True, "true: every index of every rank's view is trained exactly once per epoch "
+        "(drained ranks idle); false: ranks never run dry and the epoch ends after exactly "
+        "`quota` samples.", agree=True)
+    quota: Optional[int] = option(
+        None, "Samples per epoch in non-join mode (none: the dataset size).", agree=True, minimum=1)
+    loss_scaling: str = option(
+        "exact", "`exact`: `loss_scale` makes DDP's gradient average the gradient of the global "
+        "per-token mean over ranks and the accumulation window; `none`: `loss_scale` = 1 (e.g. "
+        "to keep LLaMA-Factory's dft/eaft/asft losses).", agree=True, choices=LOSS_SCALINGS)
+    gradient_accumulation_steps: int = option(
+        1, "Micro-steps per optimizer step; the exact loss normalises over the whole window.",
+        agree=True, minimum=1, lf_key=None, lf_source="`gradient_accumulation_steps`")
+    pad_epoch_to_accumulation: bool = option(
+        False, "End every epoch with IDLE steps up to a full accumulation window, for trainers "
+        "that step the optimizer every N micro-steps.", agree=True, lf_key=None,
+        lf_source="always true (HF steps every N micro-steps)")
+    seed: int = option(
+        0, "Seed of the per-(seed, epoch) permutation that defines each rank's view.",
+        agree=True, lf_key=None, lf_source="`data_seed`, else `seed`")
+    shuffle: bool = option(
+        True, "Shuffle the views every epoch (false: dataset order).", agree=True, lf_key=None,
+        lf_source="always true")
+    buffer_size: int = option(
+        256, "`B`: samples a rank holds when it forms groups. Larger windows sort better (less "
+        "padding) but delay the first step and hold more samples.", agree=True, minimum=1)
+    outstanding_depth: int = option(
+        16, "`D`: planned steps queued ahead of the trainer, so collation and the next window's "
+        "alignment overlap training (`data_wait_s` shows a D too small).", agree=True, minimum=1)
+    pad_to_multiple_of: int = option(
+        1, "Padding granularity of the padded cost.", agree=True, minimum=1, lf_key=None,
+        lf_source="the collator's `pad_to_multiple_of`")
+    cost_mode: str = option(
+        "padded", "`padded`: `n·roundup(max_len)` (what a padding collator allocates); `packed`: "
+        "`Σ len` (padding-free models).", agree=True, choices=COST_MODES)
+    max_vision_patches: Optional[int] = option(
+        None, "Cap on a group's summed vision patches (none: no cap).", agree=True, minimum=1)
+    over_budget: str = option(
+        "singleton", "A sample over budget alone: `singleton` trains it alone (warning + metric), "
+        "`error` raises naming it.", agree=True, choices=OVER_BUDGET_POLICIES)
+    length_key: str = option(
+        "input_ids", "Sample key whose length is the LLM input tokens.", agree=True, lf_key=None,
+        lf_source="`input_ids`")
+    label_key: Optional[str] = option(
+        "labels", "Sample key of the labels (none: every token is supervised).", agree=True,
+        lf_key=None, lf_source="`labels`")
+    ignore_index: int = option(
+        -100, "Label value that is not supervised.", agree=True, lf_key=None, lf_source="-100")
+    label_shift: bool = option(
+        True, "Count supervised tokens as a shifted causal-LM loss sees them (`labels[1:]`).",
+        agree=True, lf_key=None, lf_source="true")
+    image_grid_key: str = option(
+        "image_grid_thw", "Sample key of the (num_images, 3) patch grid (t, h, w), if present.",
+        agree=True, lf_key=None, lf_source="`image_grid_thw`")
+    vision_token_ids: Tuple[int, ...] = option(
+        doc="Without a grid, vision patches = #(tokens in these ids) × `spatial_merge_size`².",
+        agree=True, lf_key=None, lf_source="the model's image and video token ids",
+        default_factory=tuple)
+    spatial_merge_size: int = option(
+        2, "Vision patches merged into one LLM token per side.", agree=True, minimum=1,
+        lf_key=None, lf_source="the vision config's `spatial_merge_size`")
+    balance: bool = option(
+        False, "Post-balance every aligned step across ranks (OrchMLLM): samples are re-dealt "
+        "before collation so each rank's LLM-stage cost is even, within `token_budget`.",
+        agree=True)
+    balance_mode: str = option(
+        "padded", "`padded`: cost `n·g(max len)` (padding collators); `lpt`: `Σ g(len)` "
+        "(padding-free); `min_move`: fewest moves within `balance_tolerance`.", agree=True,
+        choices=BALANCE_MODES)
+    balance_tolerance: float = option(
+        0.02, "`min_move`: allowed excess of the slowest rank over the lower bound.",
+        agree=True, minimum=0)
+    ranks_per_node: Optional[int] = option(
+        None, "Node size for placement and traffic accounting (none: torchrun's "
+        "`LOCAL_WORLD_SIZE`, else one node).", agree=True, minimum=1, lf_key=None,
+        lf_source="torchrun's `LOCAL_WORLD_SIZE`")
+    num_workers: int = option(
+        0, "DataLoader workers running the dataset's per-sample pipeline and cost.", agree=False,
+        minimum=0, lf_key=None, lf_source="`dataloader_num_workers`, at least 1")
+    num_collate_workers: int = option(
+        0, "Processes collating groups in parallel (0: the training thread). With "
+        "LLaMA-Factory 1: its collator processes images, which belongs off the training thread.",
+        agree=False, minimum=0, lf_key="collate_workers", lf_default=1)
+    prefetch_factor: int = option(
+        2, "Samples in flight per sample worker, as in torch's DataLoader.", agree=False,
+        minimum=1, lf_key=None, lf_source="2")
+    sync_timeout_s: float = option(
+        1800.0, "Seconds before an alignment exchange fails; the error names rank, epoch and "
+        "round.", agree=False, lf_key="sync_timeout")
+    multiprocessing_context: Optional[str] = option(
+        None, "Start method of the worker processes: `fork`, `spawn`, `forkserver` (none: "
+        "torch's default).", agree=False, choices=START_METHODS, lf_key=None,
+        lf_source="torch's default")
 
     def __post_init__(self) -> None:
         self.vision_token_ids = tuple(int(t) for t in self.vision_token_ids)
         self.validate()
 
     def validate(self) -> None:
-        positive = ("token_budget", "gradient_accumulation_steps", "buffer_size",
-                    "outstanding_depth", "pad_to_multiple_of", "spatial_merge_size",
-                    "prefetch_factor")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"ODBConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("num_workers", "num_collate_workers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"ODBConfig.{name} must be an integer >= 0, got {value!r}")
-        if self.quota is not None and (not isinstance(self.quota, int) or self.quota <= 0):
-            raise ValueError(f"ODBConfig.quota must be a positive integer or None, got {self.quota!r}")
-        if self.max_vision_patches is not None and self.max_vision_patches <= 0:
-            raise ValueError(
-                f"ODBConfig.max_vision_patches must be positive or None, got {self.max_vision_patches!r}")
+        """Type, range and choice of every field, from its declaration."""
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value, meta = getattr(self, f.name), f.metadata
+            if not _is_instance(value, hints[f.name]):
+                raise ValueError(f"{option_name(f.name)} must be {_type_name(hints[f.name])}, "
+                                 f"got {value!r}")
+            if meta["choices"] and value not in meta["choices"]:
+                raise ValueError(f"{option_name(f.name)} must be one of {list(meta['choices'])}, "
+                                 f"got {value!r}")
+            low = meta["minimum"]
+            if low is not None and value is not None and not value >= low:
+                raise ValueError(f"{option_name(f.name)} must be >= {low}, got {value!r}")
         if not self.sync_timeout_s > 0:
-            raise ValueError(f"ODBConfig.sync_timeout_s must be > 0 seconds, got {self.sync_timeout_s!r}")
-        _check_choice("cost_mode", self.cost_mode, COST_MODES)
-        _check_choice("over_budget", self.over_budget, OVER_BUDGET_POLICIES)
-        _check_choice("loss_scaling", self.loss_scaling, LOSS_SCALINGS)
-        _check_choice("balance_mode", self.balance_mode, BALANCE_MODES)
-        if self.ranks_per_node is not None and self.ranks_per_node <= 0:
-            raise ValueError(f"ODBConfig.ranks_per_node must be positive or None, got {self.ranks_per_node!r}")
-        _check_choice("multiprocessing_context", self.multiprocessing_context,
-                      (None, "fork", "spawn", "forkserver"))
+            raise ValueError(f"{option_name('sync_timeout_s')} must be > 0 seconds, got "
+                             f"{self.sync_timeout_s!r}")
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -135,20 +177,71 @@ class ODBConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "ODBConfig":
-        """Build from a mapping; an unknown key is an error naming the closest valid key."""
-        known = [f.name for f in dataclasses.fields(cls)]
-        for key in values:
-            if key not in known:
-                raise ValueError(unknown_key_message(key, known, prefix=""))
-        return cls(**dict(values))
+        """Build from a mapping of field names, typed (strings such as "4096" or "false"
+        are converted); an unknown key names the closest valid one."""
+        return typed_dataclass(cls, values, prefix="")
 
     def planning_fields(self) -> dict:
-        """The fields that must agree on every rank, or ranks would plan differently."""
-        names = ("token_budget", "join", "quota", "loss_scaling", "gradient_accumulation_steps",
-                 "seed", "shuffle", "buffer_size", "pad_to_multiple_of", "cost_mode",
-                 "max_vision_patches", "over_budget", "label_shift", "balance", "balance_mode",
-                 "balance_tolerance", "ranks_per_node")
-        return {name: getattr(self, name) for name in names}
+        """The options every rank must share (declared with agree=True)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["agree"]}
+
+
+def option_name(name: str) -> str:
+    """How errors name a field: `ODBConfig.token_budget (odb_token_budget)`."""
+    meta = {f.name: f.metadata for f in dataclasses.fields(ODBConfig)}.get(name)
+    key = lf_key_of(name, meta) if meta is not None else None
+    return f"ODBConfig.{name}" + (f" (YAML key {LF_PREFIX}{key})" if key else "")
+
+
+def lf_key_of(name: str, metadata: Mapping[str, Any]) -> Optional[str]:
+    """The YAML key suffix of a field, or None when LLaMA-Factory supplies the value."""
+    key = metadata["lf_key"]
+    return None if key is None else (key or name)
+
+
+def lf_keys() -> dict:
+    """{YAML key suffix: ODBConfig field} for every field settable from a recipe."""
+    out = {}
+    for f in dataclasses.fields(ODBConfig):
+        key = lf_key_of(f.name, f.metadata)
+        if key is not None:
+            out[key] = f.name
+    return out
+
+
+def lf_defaults() -> dict:
+    """{field: value} where the adapter's default differs from the engine's."""
+    return {f.name: f.metadata["lf_default"] for f in dataclasses.fields(ODBConfig)
+            if "lf_default" in f.metadata}
+
+
+class OptionTypeError(ValueError):
+    """A configuration value of the wrong type (names the key, the value and the type)."""
+
+
+def typed_dataclass(cls: type, values: Mapping[str, Any], prefix: str = "",
+                    base: Mapping[str, Any] = (), key_of: Optional[Mapping[str, str]] = None):
+    """`cls(**base, **values)` with each value converted to its declared type by OmegaConf
+    ("4096" -> 4096, "false" -> False); a value that cannot be converted, or an unknown
+    field, raises naming the key as the user wrote it (`key_of[field]`, else prefix + field)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+    known = [f.name for f in dataclasses.fields(cls)]
+    for key in values:
+        if key not in known:
+            raise ValueError(unknown_key_message(key, known, prefix))
+    key_of = key_of or {}
+    schema = OmegaConf.structured(cls)
+    hints = typing.get_type_hints(cls)
+    for key, value in values.items():
+        try:
+            OmegaConf.merge(schema, {key: value})
+        except OmegaConfBaseException as exc:
+            written = key_of.get(key, prefix + key)
+            raise OptionTypeError(f"{written}: {value!r} is not {_type_name(hints[key])} "
+                                  f"({str(exc).splitlines()[0]})") from None
+    merged = OmegaConf.merge(schema, dict(base), dict(values))
+    return OmegaConf.to_object(merged)
 
 
 def unknown_key_message(key: str, known: Sequence[str], prefix: str) -> str:
@@ -158,6 +251,27 @@ def unknown_key_message(key: str, known: Sequence[str], prefix: str) -> str:
     return f"unknown ODB option '{prefix}{key}'{hint} Valid options: {valid}"
 
 
-def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
-    if value not in choices:
-        raise ValueError(f"ODBConfig.{name} must be one of {list(choices)}, got {value!r}")
+def _is_instance(value: Any, hint: Any) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        return any(_is_instance(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if origin in (tuple, list):
+        return isinstance(value, origin) and all(_is_instance(v, args[0]) for v in value)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _type_name(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        inner = [a for a in args if a is not type(None)]
+        return " or ".join(_type_name(a) for a in inner) + " or null"
+    if origin in (tuple, list):
+        return f"a list of {_type_name(args[0])}"
+    return {int: "an integer", float: "a number", bool: "a boolean (true/false)",
+            str: "a string"}.get(hint, getattr(hint, "__name__", str(hint)))

@@ -12,8 +12,8 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 
 class SampleCost(NamedTuple):
-    tokens: int            # LLM tokens: what the padded/packed budget is made of
-    label_tokens: int      # supervised tokens (labels != ignore_index): the loss denominator
+    input_tokens: int        # LLM input tokens: what the padded/packed budget is made of
+    label_tokens: int        # supervised tokens (labels != ignore_index): the loss denominator
     vision_patches: int = 0  # vision-encoder patches (before spatial merge)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distributed import run_world
+from tests.helpers.distributed import run_world
 
 
 def _model():

@@ -1,116 +1,106 @@
-"""The `odb_*` YAML keys: their own dataclass, parsed next to LLaMA-Factory's."""
+"""The `odb_*` YAML keys: engine options come from `ODBConfig`'s declarations (its
+`lf_key` metadata); only what exists in the LLaMA-Factory adapter alone is declared here."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..config import ODBConfig, unknown_key_message
+from ..config import LF_PREFIX, ODBConfig, lf_defaults, lf_keys, option, typed_dataclass, unknown_key_message
 
-PREFIX = "odb_"
 SUPPORTED_STAGES = ("sft",)
 BALANCE_STAGES = ("llm", "vision")
-BALANCE_MODES = ("lpt", "padded", "min_move")
 
 
 @dataclass
-class ODBArguments:
-    """Options of `odb_*` keys (all optional; nothing changes unless odb_enable is true)."""
+class AdapterOptions:
+    """Options of the LLaMA-Factory adapter itself (YAML key = `odb_` + field name)."""
 
-    odb_enable: bool = field(default=False, metadata={"help": "Turn Online Dynamic Batching on."})
-    odb_token_budget: int = field(default=4096, metadata={"help": "L_max: tokens per rank per micro-batch."})
-    odb_join: bool = field(default=True, metadata={"help": "true: exact per-index coverage; false: exact sample quota."})
-    odb_loss_scaling: str = field(default="exact", metadata={"help": "exact (global label-token mean) or none."})
-    odb_buffer_size: int = field(default=256, metadata={"help": "B: samples per grouping window."})
-    odb_outstanding_depth: int = field(default=16, metadata={"help": "D: planned steps queued ahead."})
-    odb_collate_workers: int = field(default=1, metadata={"help": "Processes collating groups in parallel."})
-    odb_lazy_preprocess: bool = field(default=True, metadata={"help": "Template/tokenize/expand per sample in workers."})
-    odb_cost_mode: str = field(default="padded", metadata={"help": "padded (n*max_len) or packed (sum len)."})
-    odb_max_vision_patches: Optional[int] = field(default=None, metadata={"help": "Cap on a group's vision patches."})
-    odb_over_budget: str = field(default="singleton", metadata={"help": "singleton or error."})
-    odb_quota: Optional[int] = field(default=None, metadata={"help": "Samples per epoch in non-join mode."})
-    odb_sync_timeout: float = field(default=1800.0, metadata={"help": "Seconds before an alignment exchange fails."})
-    odb_audit_dir: Optional[str] = field(default=None, metadata={"help": "Write a per-rank JSONL ledger here."})
-    odb_balance: bool = field(default=False, metadata={"help": "Post-balance each step across ranks."})
-    odb_balance_stages: List[str] = field(default_factory=lambda: ["llm"], metadata={"help": "llm and/or vision."})
-    odb_balance_mode: str = field(default="padded", metadata={
-        "help": "padded (LLaMA-Factory pads its batches), lpt (padding-free cost) or min_move."})
-    odb_balance_tolerance: float = field(default=0.02, metadata={"help": "min_move: allowed excess over the bound."})
+    enable: bool = option(False, "Turn Online Dynamic Batching on (stage `sft`).", agree=False)
+    lazy_preprocess: bool = option(
+        True, "Run LLaMA-Factory's template, tokenisation and vision-token expansion per sample "
+        "in the DataLoader workers instead of an upfront `datasets.map`.", agree=False)
+    audit_dir: Optional[str] = option(
+        None, "Write a per-rank JSONL ledger here (one line per optimizer step).", agree=False)
+    balance_stages: List[str] = option(
+        doc="With `odb_balance`: `llm` (sample exchange in the loader) and/or `vision` (encoder "
+        "stage, Qwen3-VL).", agree=True, choices=BALANCE_STAGES, default_factory=lambda: ["llm"])
 
-    def validate(self) -> None:
-        def choice(name, value, options):
-            if value not in options:
-                raise ValueError(f"{name}: {value!r} is not one of {list(options)}")
-        choice("odb_loss_scaling", self.odb_loss_scaling, ("exact", "none"))
-        choice("odb_cost_mode", self.odb_cost_mode, ("padded", "packed"))
-        choice("odb_over_budget", self.odb_over_budget, ("singleton", "error"))
-        choice("odb_balance_mode", self.odb_balance_mode, BALANCE_MODES)
-        for stage in self.odb_balance_stages:
-            choice("odb_balance_stages", stage, BALANCE_STAGES)
-        for name in ("odb_token_budget", "odb_buffer_size", "odb_outstanding_depth"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if self.odb_collate_workers < 0:
-            raise ValueError(f"odb_collate_workers must be >= 0, got {self.odb_collate_workers}")
-        if self.odb_sync_timeout <= 0:
-            raise ValueError(f"odb_sync_timeout must be > 0 seconds, got {self.odb_sync_timeout}")
-
-    def to_config(self, seed: int, gradient_accumulation_steps: int, num_workers: int,
-                  vision_token_ids=(), spatial_merge_size: int = 2) -> ODBConfig:
-        return ODBConfig(
-            token_budget=self.odb_token_budget, join=self.odb_join, quota=self.odb_quota,
-            loss_scaling=self.odb_loss_scaling, gradient_accumulation_steps=gradient_accumulation_steps,
-            seed=seed, buffer_size=self.odb_buffer_size, outstanding_depth=self.odb_outstanding_depth,
-            cost_mode=self.odb_cost_mode, max_vision_patches=self.odb_max_vision_patches,
-            over_budget=self.odb_over_budget, vision_token_ids=tuple(vision_token_ids),
-            spatial_merge_size=spatial_merge_size, num_workers=num_workers,
-            num_collate_workers=self.odb_collate_workers, sync_timeout_s=self.odb_sync_timeout,
-            balance=self.odb_balance and "llm" in self.odb_balance_stages,
-            balance_mode=self.odb_balance_mode, balance_tolerance=self.odb_balance_tolerance,
-            # LLaMA-Factory's collator pads to a multiple of 8 during training.
-            pad_to_multiple_of=8)
+    def __post_init__(self) -> None:
+        for stage in self.balance_stages:
+            if stage not in BALANCE_STAGES:
+                raise ValueError(f"odb_balance_stages: {stage!r} is not one of {list(BALANCE_STAGES)}")
 
 
-FIELD_NAMES = [f.name for f in dataclasses.fields(ODBArguments)]
+ADAPTER_KEYS = [f.name for f in dataclasses.fields(AdapterOptions)]
+
+
+@dataclass
+class ODBRunOptions:
+    """What a run's `odb_*` keys say: the adapter's options and the engine configuration
+    (LLaMA-Factory-supplied fields such as the seed are filled in by the trainer)."""
+
+    adapter: AdapterOptions
+    config: ODBConfig
+
+    def value_of(self, key: str) -> Any:
+        """The parsed value of YAML key `key` (e.g. "odb_token_budget")."""
+        name = key[len(LF_PREFIX):]
+        if name in ADAPTER_KEYS:
+            return getattr(self.adapter, name)
+        return getattr(self.config, lf_keys()[name])
+
+
+def all_keys() -> List[str]:
+    """Every valid `odb_*` key."""
+    return [LF_PREFIX + k for k in ADAPTER_KEYS + list(lf_keys())]
 
 
 def split_odb_keys(args: Mapping[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(LLaMA-Factory's keys, our keys). Unknown `odb_*` keys are an error naming the
     closest valid key — never silently ignored."""
-    ours = {k: v for k, v in args.items() if k.startswith(PREFIX)}
-    rest = {k: v for k, v in args.items() if not k.startswith(PREFIX)}
+    ours = {k: v for k, v in args.items() if k.startswith(LF_PREFIX)}
+    rest = {k: v for k, v in args.items() if not k.startswith(LF_PREFIX)}
+    valid = [k[len(LF_PREFIX):] for k in all_keys()]
     for key in ours:
-        if key not in FIELD_NAMES:
-            raise ValueError(unknown_key_message(key[len(PREFIX):], [n[len(PREFIX):] for n in FIELD_NAMES],
-                                                 prefix=PREFIX))
+        if key[len(LF_PREFIX):] not in valid:
+            raise ValueError(unknown_key_message(key[len(LF_PREFIX):], valid, prefix=LF_PREFIX))
     return rest, ours
 
 
-def parse_odb_arguments(values: Mapping[str, Any]) -> ODBArguments:
-    """Types and validates the `odb_*` keys with HF's argument parser (the same coercion
-    LLaMA-Factory applies to its own keys, e.g. for `key=value` command-line overrides)."""
-    from transformers import HfArgumentParser
-    (parsed,) = HfArgumentParser(ODBArguments).parse_dict(dict(values), allow_extra_keys=False)
-    parsed.validate()
-    return parsed
+def parse_odb_arguments(values: Mapping[str, Any]) -> ODBRunOptions:
+    """Type and validate the `odb_*` keys (strings from YAML or `key=value` overrides are
+    converted to the declared type; a value that cannot be is an error naming the key)."""
+    adapter_values, engine_values = {}, {}
+    by_key = lf_keys()
+    for key, value in values.items():
+        name = key[len(LF_PREFIX):]
+        if name in ADAPTER_KEYS:
+            adapter_values[name] = value
+        else:
+            engine_values[by_key[name]] = value
+    adapter = typed_dataclass(AdapterOptions, adapter_values, prefix=LF_PREFIX)
+    config = typed_dataclass(ODBConfig, engine_values, base=lf_defaults(),
+                             key_of={field: LF_PREFIX + key for key, field in by_key.items()})
+    return ODBRunOptions(adapter, config)
 
 
-def check_compatible(odb: ODBArguments, raw: Mapping[str, Any]) -> None:
+def check_compatible(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
     """Reject settings ODB cannot honour, with the reason. Works on the raw YAML keys so it
     runs before LLaMA-Factory builds TrainingArguments (and with it the process group)."""
     stage = raw.get("stage", "sft")
     if stage not in SUPPORTED_STAGES:
         raise ValueError(f"odb_* options apply to stage {list(SUPPORTED_STAGES)}; this run has stage "
                          f"'{stage}'. Remove the odb_* keys or use stage: sft")
-    if not odb.odb_enable:
+    if not odb.adapter.enable:
         return
     problems = []
     if raw.get("packing") or raw.get("neat_packing"):
         problems.append("packing/neat_packing: ODB forms token-budgeted groups itself (packing would "
                         "re-batch its groups, and packing has open bugs with Qwen3-VL); set packing: false")
     for loss in ("use_dft_loss", "use_eaft_loss", "use_asft_loss"):
-        if raw.get(loss) and odb.odb_loss_scaling == "exact":
+        if raw.get(loss) and odb.config.loss_scaling == "exact":
             problems.append(f"{loss}: it replaces the loss function ODB uses for the exact global "
                             "token mean; set odb_loss_scaling: none to keep it, or turn it off")
     accelerator_config = raw.get("accelerator_config") or {}

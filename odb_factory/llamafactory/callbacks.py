@@ -4,13 +4,13 @@ checkpoint, the audit ledger and ODB metrics."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from transformers import TrainerCallback
 
 from . import state
+from .audit_ledger import AuditLedger, step_record
 
 STATE_FILE = "odb_state_rank{rank}.json"
 
@@ -24,15 +24,15 @@ class ODBCallback(TrainerCallback):
                  row_of: Callable[[int], int], max_steps_from_user: bool, num_train_epochs: float):
         self.train_loader_of = train_loader_of
         self.rank = rank
-        self.audit_path = Path(audit_dir) / f"rank{rank}.jsonl" if audit_dir else None
+        self.ledger = AuditLedger(audit_dir, rank) if audit_dir else None
         self.row_of = row_of
         self.max_steps_from_user = max_steps_from_user
         self.num_train_epochs = num_train_epochs
         self.window: Dict[str, float] = {}
 
     def on_train_begin(self, args, state_, control, **kwargs):
-        if self.audit_path is not None:
-            self.audit_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.ledger is not None:
+            self.ledger.open()
 
     def on_step_end(self, args, trainer_state, control, **kwargs):
         loader = self.train_loader_of()
@@ -65,25 +65,14 @@ class ODBCallback(TrainerCallback):
             state_path(str(checkpoint), self.rank).write_text(json.dumps(payload))
 
     def _record(self, trainer_state, loader, steps: List[Any]) -> None:
-        real = sum(s.num_input_tokens for s in steps)
-        padded = sum(s.padded_tokens for s in steps)
         for step in steps:
             for key, value in step.metrics.items():
                 self.window[key] = self.window.get(key, 0.0) + value
             if "balance_max_over_lb" in step.metrics:
                 self.window["rounds_seen"] = self.window.get("rounds_seen", 0.0) + 1
         self.window["micro_steps"] = self.window.get("micro_steps", 0.0) + len(steps)
-        if self.audit_path is not None:
-            # n * L^2 of each padded micro-batch: the attention term of a step-time model
-            attention = sum(s.padded_tokens * s.padded_tokens / len(s.indices) for s in steps if s.indices)
-            line = {"step": trainer_state.global_step, "epoch": loader.loader.epoch,
-                    "indices": [self.row_of(i) for s in steps for i in s.indices],
-                    "real_tokens": real, "padded_tokens": padded, "attention_cost": attention,
-                    "vision_patches": sum(s.vision_patches for s in steps),
-                    "wall_time": time.time(),
-                    "micro_steps": len(steps), "idle_micro_steps": sum(s.is_idle for s in steps)}
-            with self.audit_path.open("a") as f:
-                f.write(json.dumps(line) + "\n")
+        if self.ledger is not None:
+            self.ledger.append(step_record(trainer_state.global_step, loader.loader.epoch, steps, self.row_of))
 
     def pop_log_metrics(self) -> Dict[str, float]:
         """ODB figures since the last log line, for the trainer's logs (and TensorBoard)."""
@@ -98,8 +87,8 @@ class ODBCallback(TrainerCallback):
                         if k in w})
         return {
             **balance,
-            "odb/padding_efficiency": round(w.get("real_tokens", 0.0) / padded, 4) if padded else 0.0,
-            "odb/tokens_per_step": round(w.get("real_tokens", 0.0) / micro, 1),
+            "odb/padding_efficiency": round(w.get("input_tokens", 0.0) / padded, 4) if padded else 0.0,
+            "odb/tokens_per_step": round(w.get("input_tokens", 0.0) / micro, 1),
             "odb/samples_per_step": round(w.get("samples", 0.0) / micro, 2),
             "odb/splits": w.get("splits", 0.0),
             "odb/overflow_groups": w.get("overflow_groups", 0.0),

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .arguments import ODBArguments
+from .arguments import ODBRunOptions
 
 # Set by the parser patch when the run's YAML has odb_enable: true; None otherwise, and
 # then every patch falls through to upstream behaviour.
-current: Optional[ODBArguments] = None
+current: Optional[ODBRunOptions] = None
 
 
 @dataclass
@@ -27,5 +27,5 @@ class SampleProgress:
 progress = SampleProgress()
 
 
-def active() -> Optional[ODBArguments]:
-    return current if current is not None and current.odb_enable else None
+def active() -> Optional[ODBRunOptions]:
+    return current if current is not None and current.adapter.enable else None

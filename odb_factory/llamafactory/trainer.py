@@ -1,9 +1,10 @@
 """The ODB trainer: LLaMA-Factory's SFT trainer with ODB's loader, exact loss and a
-sample-driven schedule. `patches/llamafactory_sft_workflow.py` hands it to `run_sft`
+sample-driven schedule. `patches/odb_factory_patches/llamafactory_sft_workflow.py` hands it to `run_sft`
 only when the run's YAML enables ODB."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -13,6 +14,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
+from ..comm.topology import ranks_per_node
 from ..loader import ODBDataLoader
 from . import state
 from .callbacks import ODBCallback, state_path
@@ -59,25 +61,25 @@ class ODBTrainerMixin:
         torch_serialization.apply()  # resuming CPU multi-process runs (see that file)
         self._odb = state.active()
         self._odb_train_loader: Optional[TrainLoader] = None
-        if self._odb.odb_loss_scaling == "exact":
+        if self._odb.config.loss_scaling == "exact":
             self.compute_loss_func = token_sum_loss
         # ODB resumes its own data position from per-rank state; HF must not re-skip batches.
         self.args.ignore_data_skip = True
         dataset = self.train_dataset
         row_of = dataset.dataset_row if isinstance(dataset, LazySupervisedDataset) else (lambda i: i)
         self._odb_callback = ODBCallback(lambda: self._odb_train_loader, self.args.process_index,
-                                         self._odb.odb_audit_dir, row_of,
+                                         self._odb.adapter.audit_dir, row_of,
                                          max_steps_from_user=self.args.max_steps > 0,
                                          num_train_epochs=self.args.num_train_epochs)
         self.add_callback(self._odb_callback)
-        if self._odb.odb_balance and "vision" in self._odb.odb_balance_stages:
+        if self._odb.config.balance and "vision" in self._odb.adapter.balance_stages:
             self._odb_balance_vision_stage()
 
     def _odb_balance_vision_stage(self) -> None:
         """Encoder-stage balancing (docs/encoder_balancing.md) over a group of its own, so its
         exchanges never interleave with DDP's or the loader's on a shared group."""
         import datetime
-        import os
+
         import torch.distributed as dist
         model = self.accelerator.unwrap_model(self.model)
         model_type = getattr(getattr(model, "config", None), "model_type", None)
@@ -87,10 +89,11 @@ class ODBTrainerMixin:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
         from odb_factory_patches import transformers_qwen3_vl
-        group = dist.new_group(timeout=datetime.timedelta(seconds=self._odb.odb_sync_timeout))
-        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
-        transformers_qwen3_vl.apply(group=group, ranks_per_node=per_node,
-                                    timeout_s=self._odb.odb_sync_timeout)
+        config = self._odb.config
+        group = dist.new_group(timeout=datetime.timedelta(seconds=config.sync_timeout_s))
+        transformers_qwen3_vl.apply(group=group,
+                                    ranks_per_node=ranks_per_node(config.ranks_per_node, dist.get_world_size()),
+                                    timeout_s=config.sync_timeout_s)
 
     # ------------------------------------------------------------------ data
     def get_train_dataloader(self):
@@ -101,17 +104,22 @@ class ODBTrainerMixin:
     def _build_odb_loader(self) -> TrainLoader:
         args, odb = self.args, self._odb
         model = self.accelerator.unwrap_model(self.model) if self.model is not None else None
-        config = getattr(model, "config", None)
-        vision_ids = [t for t in (getattr(config, "image_token_id", None), getattr(config, "video_token_id", None))
-                      if t is not None]
-        vision_config = getattr(config, "vision_config", None)
-        merge = getattr(vision_config, "spatial_merge_size", 2) if vision_config is not None else 2
-        cfg = odb.to_config(seed=args.data_seed if args.data_seed is not None else args.seed,
-                            gradient_accumulation_steps=args.gradient_accumulation_steps,
-                            # lazy preprocessing belongs in worker processes, not beside the trainer
-                            num_workers=max(1, args.dataloader_num_workers), vision_token_ids=vision_ids,
-                            spatial_merge_size=merge)
-        cfg.pad_epoch_to_accumulation = True
+        model_config = getattr(model, "config", None)
+        vision_ids = [t for t in (getattr(model_config, "image_token_id", None),
+                                  getattr(model_config, "video_token_id", None)) if t is not None]
+        vision_config = getattr(model_config, "vision_config", None)
+        # The engine fields LLaMA-Factory owns (ODBConfig's `lf_source` says where each comes from).
+        cfg = dataclasses.replace(
+            odb.config,
+            seed=args.data_seed if args.data_seed is not None else args.seed,
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            pad_epoch_to_accumulation=True,
+            # lazy preprocessing belongs in worker processes, not beside the trainer
+            num_workers=max(1, args.dataloader_num_workers),
+            pad_to_multiple_of=getattr(self.data_collator, "pad_to_multiple_of", None) or 1,
+            vision_token_ids=tuple(vision_ids),
+            spatial_merge_size=getattr(vision_config, "spatial_merge_size", 2),
+            balance=odb.config.balance and "llm" in odb.adapter.balance_stages)
         loader = ODBDataLoader(self.train_dataset, cfg, collate_fn=LFCollate(self.data_collator))
         epoch_samples = cfg.quota if (not cfg.join and cfg.quota) else len(self.train_dataset)
         epochs = args.num_train_epochs if args.max_steps <= 0 else 1
@@ -139,7 +147,7 @@ class ODBTrainerMixin:
         dataset = loader.dataset
         probe = [dataset[i] for i in range(0, len(dataset), max(1, len(dataset) // 16))][:16]
         mean_len = sum(len(s["input_ids"]) for s in probe) / max(1, len(probe))
-        per_group = max(1.0, self._odb.odb_token_budget / max(1.0, mean_len * 1.25))
+        per_group = max(1.0, self._odb.config.token_budget / max(1.0, mean_len * 1.25))
         world = max(1, args.world_size)
         micro_steps = state.progress.total / (per_group * world)
         return max(1, math.ceil(micro_steps / args.gradient_accumulation_steps))

@@ -14,8 +14,8 @@ class ODBBatch:
         one-sample filler batch whose loss must be multiplied by `loss_scale` = 0: the step
         still runs forward/backward so DDP/ZeRO collectives stay aligned).
     indices: dataset indices trained on this rank in this step ([] when idle).
-    num_tokens: supervised tokens (labels != ignore_index) of this rank's group.
-    global_num_tokens: supervised tokens of all ranks over this step's gradient-accumulation
+    label_tokens: supervised tokens (labels != ignore_index) of this rank's group.
+    global_label_tokens: supervised tokens of all ranks over this step's gradient-accumulation
         window (the exact loss denominator).
     vision_patches: vision-encoder patches of this rank's group (as the loader placed it).
     loss_scale: multiply this rank's per-token *mean* loss by it; with DDP's gradient
@@ -23,13 +23,13 @@ class ODBBatch:
     """
     data: Any
     indices: List[int]
-    num_tokens: int
-    global_num_tokens: int
+    label_tokens: int
+    global_label_tokens: int
     loss_scale: float
     is_idle: bool
     epoch: int
     step: int
-    num_input_tokens: int = 0
+    input_tokens: int = 0
     padded_tokens: int = 0
     vision_patches: int = 0
     global_num_samples: int = 0

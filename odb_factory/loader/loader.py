@@ -10,7 +10,6 @@ Pipeline per rank (docs/dgap.md has the protocol):
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -21,16 +20,17 @@ from torch.utils.data import DataLoader
 from ..config import ODBConfig
 from ..cost import CostFn, DefaultCost
 from ..planning.grouping import Budget
-from ..planning.rebalance import StepBalance
+from ..balance.step_plan import StepBalance
 from ..planning.rounds import RankPlanner
 from ..planning.views import cycling_view, epoch_view
-from .balancer import StepBalancer
+from .step_rebalancer import StepRebalancer
 from .batch import ODBBatch
-from .collate import CollateJob, PlanSampler, StepPlan
-from .fetch import CostedDataset, ViewSampler, identity, in_thread_samples
+from .collate_stage import CollateJob, PlanSampler
+from .sample_stage import CostedDataset, ViewSampler, identity, in_thread_samples
 from .metrics import LoaderMetrics
-from .planner import PlannerThread
-from .sync import SyncChannel
+from .planner_thread import PlannerThread, SampleStore, StepPlan
+from ..comm.channel import SyncChannel
+from ..comm.topology import ranks_per_node
 
 logger = logging.getLogger("odb_factory")
 
@@ -188,17 +188,18 @@ class ODBDataLoader:
         else:
             self._view_sampler.order = order
             samples = iter(self._sample_loader)
-        planner = RankPlanner(Budget.from_config(cfg), cfg.buffer_size, iter(()), rank=self.rank,
+        store = SampleStore(samples)
+        planner = RankPlanner(Budget.from_config(cfg), cfg.buffer_size, store.stream(), rank=self.rank,
                               over_budget=cfg.over_budget, quota=quota,
                               shuffle_seed=f"{cfg.seed}:{epoch}")
         plans: "queue.Queue" = queue.Queue(maxsize=cfg.outstanding_depth)
         stop = threading.Event()
         first = view[0] if view else self.rank % self.num_samples
-        thread = PlannerThread(planner, samples, self.sync, epoch, cfg.gradient_accumulation_steps,
+        thread = PlannerThread(planner, store, self.sync, epoch, cfg.gradient_accumulation_steps,
                                plans, stop, filler=lambda: self.dataset[first],
                                step_offset=self.metrics.epoch_steps.get(epoch, 0),
                                pad_to_window=cfg.pad_epoch_to_accumulation,
-                               balancer=self._balancer())
+                               rebalancer=self._rebalancer())
         thread.start()
         self._plan_sampler.attach(plans, thread)
         try:
@@ -222,31 +223,31 @@ class ODBDataLoader:
                 logger.warning("ODB planner thread of rank %d did not stop within %.0fs",
                                self.rank, cfg.sync_timeout_s)
 
-    def _balancer(self) -> Optional[StepBalancer]:
+    def _rebalancer(self) -> Optional[StepRebalancer]:
         cfg = self.config
         if not cfg.balance or self.world_size == 1:
             return None
-        per_node = cfg.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
-        spec = StepBalance(mode=cfg.balance_mode, ranks_per_node=per_node,
+        spec = StepBalance(mode=cfg.balance_mode,
+                           ranks_per_node=ranks_per_node(cfg.ranks_per_node, self.world_size),
                            token_cap=cfg.token_budget if cfg.cost_mode == "padded" else None,
                            tolerance=cfg.balance_tolerance, pad_to_multiple_of=cfg.pad_to_multiple_of)
-        return StepBalancer(self.sync, spec, Budget.from_config(cfg))
+        return StepRebalancer(self.sync, spec, Budget.from_config(cfg))
 
     def _to_batch(self, plan: StepPlan, data: Any, wait_s: float) -> ODBBatch:
         cfg = self.config
-        if plan.is_idle or plan.global_num_tokens == 0:
+        if plan.is_idle or plan.global_label_tokens == 0:
             scale = 0.0
         elif cfg.loss_scaling == "exact":
-            scale = self.world_size * plan.num_tokens / plan.global_num_tokens
+            scale = self.world_size * plan.label_tokens / plan.global_label_tokens
         else:
             scale = 1.0
         metrics = self.metrics.record(plan, wait_s)
         self._consumed.setdefault(plan.epoch, []).extend(plan.indices)
         self._consumed_global[plan.epoch] = self._consumed_global.get(plan.epoch, 0) + plan.global_num_samples
-        return ODBBatch(data=data, indices=list(plan.indices), num_tokens=plan.num_tokens,
-                        global_num_tokens=plan.global_num_tokens, loss_scale=scale,
+        return ODBBatch(data=data, indices=list(plan.indices), label_tokens=plan.label_tokens,
+                        global_label_tokens=plan.global_label_tokens, loss_scale=scale,
                         is_idle=plan.is_idle, epoch=plan.epoch, step=plan.step,
-                        num_input_tokens=plan.num_input_tokens, padded_tokens=plan.padded_tokens,
+                        input_tokens=plan.input_tokens, padded_tokens=plan.padded_tokens,
                         vision_patches=plan.vision_patches,
                         global_num_samples=plan.global_num_samples, metrics=metrics)
 

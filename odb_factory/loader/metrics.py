@@ -8,7 +8,7 @@ from typing import Dict
 
 logger = logging.getLogger("odb_factory")
 
-COUNTERS = ("steps", "samples", "real_tokens", "padded_tokens", "label_tokens", "splits",
+COUNTERS = ("steps", "samples", "input_tokens", "padded_tokens", "label_tokens", "splits",
             "overflow_groups", "idle_steps", "over_budget", "rounds", "data_wait_s")
 
 
@@ -20,10 +20,10 @@ class LoaderMetrics:
     def record(self, plan, wait_s: float) -> Dict[str, float]:
         step = {
             "samples": float(len(plan.indices)),
-            "real_tokens": float(plan.num_input_tokens),
+            "input_tokens": float(plan.input_tokens),
             "padded_tokens": float(plan.padded_tokens),
-            "label_tokens": float(plan.num_tokens),
-            "padding_efficiency": plan.num_input_tokens / plan.padded_tokens if plan.padded_tokens else 0.0,
+            "label_tokens": float(plan.label_tokens),
+            "padding_efficiency": plan.input_tokens / plan.padded_tokens if plan.padded_tokens else 0.0,
             "idle": float(plan.is_idle),
             "data_wait_s": wait_s,
             **plan.round_stats,
@@ -31,7 +31,7 @@ class LoaderMetrics:
         t = self.totals
         t["steps"] += 1
         t["samples"] += step["samples"]
-        t["real_tokens"] += step["real_tokens"]
+        t["input_tokens"] += step["input_tokens"]
         t["padded_tokens"] += step["padded_tokens"]
         t["label_tokens"] += step["label_tokens"]
         t["idle_steps"] += step["idle"]
@@ -50,5 +50,5 @@ class LoaderMetrics:
 
     def summary(self) -> Dict[str, float]:
         t = dict(self.totals)
-        t["padding_efficiency"] = t["real_tokens"] / t["padded_tokens"] if t["padded_tokens"] else 0.0
+        t["padding_efficiency"] = t["input_tokens"] / t["padded_tokens"] if t["padded_tokens"] else 0.0
         return t

@@ -44,8 +44,8 @@ class Budget:
         if not samples:
             return 0
         if self.cost_mode == "packed":
-            return sum(s.cost.tokens for s in samples)
-        return len(samples) * self.padded_length(max(s.cost.tokens for s in samples))
+            return sum(s.cost.input_tokens for s in samples)
+        return len(samples) * self.padded_length(max(s.cost.input_tokens for s in samples))
 
     def fits(self, samples: Sequence[PlannedSample]) -> bool:
         if self.group_cost(samples) > self.token_budget:
@@ -67,7 +67,7 @@ class Grouping:
 
 def sort_key(sample: PlannedSample):
     # Longest first; ties broken by uid so every run of the planner is reproducible.
-    return (-sample.cost.tokens, -sample.cost.vision_patches, sample.uid)
+    return (-sample.cost.input_tokens, -sample.cost.vision_patches, sample.uid)
 
 
 def form_groups(samples: Sequence[PlannedSample], budget: Budget,
@@ -83,7 +83,7 @@ def form_groups(samples: Sequence[PlannedSample], budget: Budget,
     current: List[PlannedSample] = []
     head_len = packed = patches = 0  # running cost of `current`; its head is its longest
     for sample in ordered:
-        tokens, vision = sample.cost.tokens, sample.cost.vision_patches
+        tokens, vision = sample.cost.input_tokens, sample.cost.vision_patches
         if not budget.fits([sample]):
             if over_budget == "error":
                 raise OverBudgetError(

@@ -1,13 +1,13 @@
 """One rank's side of the alignment protocol, as a pure state machine.
 
 A round has two exchanges; the driver performs them (a real all-gather in
-`odb_factory.loader.planner`, a list in `odb_factory.planning.simulate`):
+`odb_factory.loader.planner`, a list in `odb_factory.planning.simulated_world`):
 
     status  = planner.begin_round()                  # fill the buffer, group it
     statuses = all_gather(status)
     costs   = planner.plan_round(statuses)           # T, split/overflow -> local per-slot costs
     every   = all_gather(costs)
-    slots   = planner.close_round(every)             # quota trim, global token counts
+    result  = planner.close_round(every)             # RoundResult: slots, kept costs, stats
 
 Because both drivers run this same code, the property tests of the simulation test the
 mechanism's decisions too.
@@ -42,8 +42,8 @@ class Slot:
         return sum(s.cost.label_tokens for s in self.samples)
 
     @property
-    def tokens(self) -> int:
-        return sum(s.cost.tokens for s in self.samples)
+    def input_tokens(self) -> int:
+        return sum(s.cost.input_tokens for s in self.samples)
 
 
 @dataclass
@@ -54,6 +54,15 @@ class RoundStats:
     overflow_groups: int = 0
     idle_slots: int = 0
     over_budget: int = 0
+
+
+@dataclass
+class RoundResult:
+    """What a round hands on: this rank's slots, every rank's kept per-slot costs (what
+    post-balancing plans over) and the round's figures."""
+    slots: List[Slot]
+    costs: List[List[List[SampleCost]]]   # costs[rank][slot]: the samples each rank trains
+    stats: RoundStats
 
 
 @dataclass
@@ -77,7 +86,6 @@ class RankPlanner:
     _pending: List[List[PlannedSample]] = field(default_factory=list)
     _stats: Optional[RoundStats] = None
     _over_budget: int = 0
-    last_round_costs: List[List[List[SampleCost]]] = field(default_factory=list)
 
     def begin_round(self) -> RankStatus:
         while not self.exhausted and len(self.buffer) < self.buffer_size:
@@ -103,12 +111,12 @@ class RankPlanner:
         self._pending = fit.slots
         self._stats = RoundStats(self.round, target, fit.splits, fit.overflow_groups,
                                  sum(1 for s in fit.slots if not s), self._over_budget)
-        return [[tuple(s.cost) for s in slot] for slot in fit.slots]
+        return [[s.cost for s in slot] for slot in fit.slots]
 
-    def close_round(self, all_costs: Sequence[Sequence[Sequence[SampleCost]]]) -> List[Slot]:
+    def close_round(self, all_costs: Sequence[Sequence[Sequence[SampleCost]]]) -> RoundResult:
         """Turn the planned slots into final slots, knowing every rank's sample costs."""
-        if self.finished:
-            return []
+        if self.finished or self._stats is None:
+            raise RuntimeError("close_round() follows a plan_round() that did not finish the epoch")
         slots = self._pending
         kept = [[len(s) for s in rank_slots] for rank_slots in all_costs]
         if self.quota is not None:
@@ -120,22 +128,16 @@ class RankPlanner:
             if self.quota == 0:
                 self.finished = True
                 self.buffer = []
-        # Every rank's final per-slot costs: what post-balancing plans over.
-        self.last_round_costs = [[[SampleCost(*c) for c in all_costs[r][p][:kept[r][p]]]
-                                  for p in range(len(slots))] for r in range(len(all_costs))]
+        costs = [[list(all_costs[r][p][:kept[r][p]]) for p in range(len(slots))]
+                 for r in range(len(all_costs))]
         result = []
         for position, slot in enumerate(slots):
-            global_tokens = sum(SampleCost(*c).label_tokens for r in range(len(all_costs))
-                                for c in all_costs[r][position][:kept[r][position]])
-            global_samples = sum(kept[r][position] for r in range(len(all_costs)))
+            global_tokens = sum(c.label_tokens for rank in costs for c in rank[position])
+            global_samples = sum(len(rank[position]) for rank in costs)
             result.append(Slot(tuple(slot), self.round, position, global_tokens, global_samples,
                                self.budget.group_cost(slot)))
-        if self._stats is not None:
-            self._stats.idle_slots = sum(1 for s in result if s.is_idle)
+        stats, self._stats = self._stats, None
+        stats.idle_slots = sum(1 for s in result if s.is_idle)
         self._pending = []
         self.round += 1
-        return result
-
-    @property
-    def last_round_stats(self) -> Optional[RoundStats]:
-        return self._stats
+        return RoundResult(result, costs, stats)

@@ -1,0 +1,60 @@
+"""Group stage: collate each planned group in parallel collation workers.
+
+The collation pool is a second torch DataLoader whose sampler yields planned steps (with
+their samples) straight from the planner's queue and whose "dataset" applies the user's
+collate function: public DataLoader API only, ordered results, worker errors with their
+original traceback, and `num_collate_workers` processes working on different groups.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable, Iterator, List, Optional, Tuple
+
+from torch.utils.data import Dataset, Sampler
+
+from .planner_thread import END_OF_EPOCH, PlannerFailure, StepPlan
+
+
+class CollateJob(Dataset):
+    """job[plan] -> (plan without its samples, collate_fn(samples))."""
+
+    def __init__(self, collate_fn: Callable[[List[Any]], Any]):
+        self.collate_fn = collate_fn
+
+    def __getitem__(self, plan: StepPlan) -> Tuple[StepPlan, Any]:
+        data = self.collate_fn(plan.samples)
+        plan.samples = []  # do not ship the samples back
+        return plan, data
+
+
+class PlanSampler(Sampler):
+    """Yields the current epoch's StepPlans from the planner queue, in order."""
+
+    def __init__(self) -> None:
+        self.source: Optional["queue.Queue"] = None
+        self.planner: Optional[threading.Thread] = None
+
+    def attach(self, source: "queue.Queue", planner: threading.Thread) -> None:
+        self.source, self.planner = source, planner
+
+    def detach(self) -> None:
+        self.source, self.planner = None, None
+
+    def __iter__(self) -> Iterator[StepPlan]:
+        source, planner = self.source, self.planner
+        if source is None:
+            return
+        while True:
+            try:
+                item = source.get(timeout=1.0)
+            except queue.Empty:
+                if planner is not None and not planner.is_alive() and source.empty():
+                    raise RuntimeError("the ODB planner thread stopped without a result")
+                continue
+            if item is END_OF_EPOCH:
+                return
+            if isinstance(item, PlannerFailure):
+                raise item.exc
+            yield item

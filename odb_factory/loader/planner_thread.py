@@ -1,0 +1,171 @@
+"""The planner thread: fills the window, groups, aligns, and queues planned steps.
+
+It runs off the training thread and owns the Gloo side channel while an epoch runs (the
+channel is never used from two threads at once). Stopping early (the trainer broke out
+of the loop) is safe: a planner only gives up while blocked on a full queue, and every
+rank's queue fills at the same step, so no rank is left alone inside a collective.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from ..comm.channel import SyncChannel
+from ..cost import SampleCost
+from ..planning.grouping import PlannedSample
+from ..planning.rounds import RankPlanner, Slot
+from .step_rebalancer import StepRebalancer
+
+
+@dataclass
+class StepPlan:
+    """A planned step, as the planner thread hands it to the collation stage."""
+    epoch: int
+    step: int
+    round: int
+    samples: List[Any]            # processed samples (a filler sample when idle)
+    indices: List[int]            # dataset indices trained ([] when idle)
+    is_idle: bool
+    label_tokens: int             # supervised tokens of this rank's group
+    input_tokens: int             # LLM input tokens of this rank's group
+    padded_tokens: int            # tokens the group occupies under the budget's cost
+    vision_patches: int           # vision-encoder patches of this rank's group
+    global_label_tokens: int      # supervised tokens of the whole accumulation window
+    global_num_samples: int       # samples of this step on all ranks
+    round_stats: Dict[str, float] = field(default_factory=dict)
+
+
+class PlannerFailure:
+    """Carries an exception from the planner thread to the training thread."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+END_OF_EPOCH = "end-of-epoch"
+
+
+class SampleStore:
+    """Numbers this rank's incoming samples (uids) and keeps their payloads until emitted.
+
+    `stream()` is what the RankPlanner reads: PlannedSamples whose payloads stay here, so
+    only costs travel through planning and alignment."""
+
+    def __init__(self, samples: Iterator[Tuple[int, Any, SampleCost]]):
+        self._samples = samples
+        self.payloads: Dict[Any, Any] = {}
+
+    def stream(self) -> Iterator[PlannedSample]:
+        for uid, (index, sample, cost) in enumerate(self._samples):
+            self.payloads[uid] = sample
+            yield PlannedSample(uid, index, cost)
+
+
+class _Stopped(Exception):
+    pass
+
+
+class PlannerThread(threading.Thread):
+    def __init__(self, planner: RankPlanner, store: SampleStore, sync: SyncChannel, epoch: int,
+                 accumulation: int, out: "queue.Queue", stop: threading.Event,
+                 filler: Callable[[], Any], step_offset: int = 0, pad_to_window: bool = False,
+                 rebalancer: Optional[StepRebalancer] = None):
+        super().__init__(name=f"odb-planner-rank{sync.rank}-epoch{epoch}", daemon=True)
+        self.planner = planner
+        self.store = store
+        self.sync = sync
+        self.epoch = epoch
+        self.accumulation = accumulation
+        self.out = out
+        self.stop = stop
+        self.fetch_filler = filler
+        self.step = step_offset
+        self.pad_to_window = pad_to_window
+        self.rebalancer = rebalancer
+        self.filler: Optional[Any] = None
+
+    def run(self) -> None:
+        try:
+            self._plan_epoch()
+            self._put(END_OF_EPOCH)
+        except _Stopped:
+            pass
+        except BaseException as exc:  # surfaced in the training thread by PlanSampler
+            try:
+                self._put(PlannerFailure(exc))
+            except _Stopped:
+                pass
+
+    def _put(self, item: Any) -> None:
+        while True:
+            try:
+                self.out.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                if self.stop.is_set():
+                    raise _Stopped()
+
+    def _plan_epoch(self) -> None:
+        planner, sync = self.planner, self.sync
+        window: List[Tuple[Slot, Dict[str, float]]] = []
+        while not planner.finished:
+            status = planner.begin_round()
+            statuses = sync.all_gather(status, "status", self.epoch, planner.round)
+            costs = planner.plan_round(statuses)
+            if planner.finished:
+                break
+            every = sync.all_gather(costs, "costs", self.epoch, planner.round)
+            result = planner.close_round(every)
+            slots, stats = result.slots, result.stats
+            round_stats = {"groups_per_round": float(stats.target), "splits": float(stats.splits),
+                           "overflow_groups": float(stats.overflow_groups),
+                           "over_budget": float(stats.over_budget)}
+            if self.rebalancer is not None and slots:
+                moved = self.rebalancer.rebalance(slots, result.costs, self.store.payloads.__getitem__,
+                                                  self.epoch)
+                for uid in moved.sent_uids:
+                    del self.store.payloads[uid]
+                self.store.payloads.update(moved.received)
+                slots = moved.slots
+                round_stats.update(moved.metrics)
+            for slot in slots:
+                window.append((slot, round_stats))
+                round_stats = {}  # count round-level figures once, on the round's first step
+                if len(window) == self.accumulation:
+                    self._emit(window)
+                    window = []
+        if window and self.pad_to_window:
+            # IDLE steps complete the last accumulation window, so the trainer's
+            # every-N-micro-steps optimizer step also covers the epoch's last samples.
+            while len(window) < self.accumulation:
+                window.append((Slot((), planner.round, len(window), 0, 0, 0), {}))
+        if window:
+            self._emit(window)
+        self.store.payloads.clear()
+
+    def _emit(self, window: List[Tuple[Slot, Dict[str, float]]]) -> None:
+        window_tokens = sum(slot.global_label_tokens for slot, _ in window)
+        for slot, round_stats in window:
+            if slot.is_idle:
+                samples = [self._filler()]
+            else:
+                samples = [self.store.payloads.pop(s.uid) for s in slot.samples]
+                shortest = min(range(len(samples)), key=lambda i: slot.samples[i].cost.input_tokens)
+                self.filler = samples[shortest]
+            self._put(StepPlan(
+                epoch=self.epoch, step=self.step, round=slot.round, samples=samples,
+                indices=[s.index for s in slot.samples], is_idle=slot.is_idle,
+                label_tokens=slot.label_tokens, input_tokens=slot.input_tokens,
+                padded_tokens=slot.padded_tokens,
+                vision_patches=sum(s.cost.vision_patches for s in slot.samples),
+                global_label_tokens=window_tokens,
+                global_num_samples=slot.global_samples, round_stats=round_stats))
+            self.step += 1
+
+    def _filler(self) -> Any:
+        if self.filler is None:
+            self.filler = self.fetch_filler()
+        return self.filler

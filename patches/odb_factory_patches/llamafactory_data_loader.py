@@ -1,0 +1,40 @@
+"""Target: llamafactory.data.loader._get_preprocessed_dataset (written for LLaMA-Factory 0.9.5).
+
+With ODB and odb_lazy_preprocess (the default), the SFT training split is not mapped up
+front: it becomes a LazySupervisedDataset that runs the same SupervisedDatasetProcessor per
+sample in the DataLoader workers. Evaluation splits and every other case run upstream.
+"""
+
+from __future__ import annotations
+
+import functools
+
+
+def apply() -> None:
+    from llamafactory.data import loader
+
+    original = loader._get_preprocessed_dataset
+    if getattr(original, "_odb_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def _get_preprocessed_dataset(dataset, data_args, training_args, stage, template, tokenizer,
+                                  processor=None, is_eval=False):
+        from odb_factory.llamafactory import state
+        from odb_factory.llamafactory.lazy_dataset import LazySupervisedDataset
+        odb = state.active()
+        if (odb is None or not odb.adapter.lazy_preprocess or is_eval or stage != "sft"
+                or dataset is None or data_args.streaming):
+            return original(dataset, data_args, training_args, stage, template, tokenizer,
+                            processor, is_eval)
+        dataset_processor = loader._get_dataset_processor(data_args, stage, template, tokenizer, processor)
+        lazy = LazySupervisedDataset(dataset, dataset_processor)
+        if len(lazy) == 0:
+            raise RuntimeError("Cannot find valid samples, check `data/README.md` for the data format.")
+        if training_args.should_log:
+            print("training example (processed lazily, per sample, in the DataLoader workers):")
+            dataset_processor.print_data_example(lazy[0])
+        return lazy
+
+    _get_preprocessed_dataset._odb_wrapped = True
+    loader._get_preprocessed_dataset = _get_preprocessed_dataset

@@ -1,0 +1,41 @@
+"""Target: llamafactory.hparams.parser._parse_train_args (written for LLaMA-Factory 0.9.5).
+
+`get_train_args` looks this function up at call time, so wrapping it adds the `odb_*` keys
+as their own dataclass without touching LLaMA-Factory's (TrainingArguments is pickled into
+checkpoints and must not grow fields). Validation runs on the raw keys, before
+LLaMA-Factory builds TrainingArguments and, with it, the process group.
+"""
+
+from __future__ import annotations
+
+import functools
+
+
+def apply(unsupported: str | None = None) -> None:
+    from llamafactory.hparams import parser
+
+    original = parser._parse_train_args
+    if getattr(original, "_odb_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def _parse_train_args(args=None):
+        from odb_factory.llamafactory import arguments, state
+        if not isinstance(args, dict):
+            state.current = None
+            return original(args)
+        rest, ours = arguments.split_odb_keys(args)
+        if not ours:
+            state.current = None
+            return original(args)
+        if unsupported is not None:
+            raise RuntimeError(f"odb_* keys cannot be used: {unsupported}")
+        odb = arguments.parse_odb_arguments(ours)
+        arguments.check_compatible(odb, rest)
+        if odb.adapter.enable:
+            arguments.check_paths(rest)
+        state.current = odb
+        return original(rest)
+
+    _parse_train_args._odb_wrapped = True
+    parser._parse_train_args = _parse_train_args

@@ -1,0 +1,72 @@
+"""Run real `llamafactory-cli train` jobs on the tiny Qwen3-VL for the end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import yaml
+
+from odb_factory.llamafactory.audit_ledger import read_ledger
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_DEMO = REPO.parent / "shared" / "data" / "llamafactory_demo"
+BIN = Path(sys.executable).parent
+
+
+def env(**extra: str) -> Dict[str, str]:
+    out = dict(os.environ)
+    out.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", PATH=f"{BIN}{os.pathsep}{out.get('PATH', '')}",
+               DISABLE_VERSION_CHECK="1")
+    out.pop("ODB_FACTORY_DISABLE", None)
+    out.update(extra)
+    return out
+
+
+def base_yaml(model_dir: Path, data_dir: Path, out_dir: Path, **overrides) -> dict:
+    config = {
+        "model_name_or_path": str(model_dir), "image_max_pixels": 65536, "image_min_pixels": 1024,
+        "stage": "sft", "do_train": True, "finetuning_type": "full",
+        "dataset": "odb_demo", "dataset_dir": str(data_dir), "template": "qwen3_vl_nothink",
+        "cutoff_len": 1024, "overwrite_cache": True, "preprocessing_num_workers": 1,
+        "dataloader_num_workers": 1, "output_dir": str(out_dir), "logging_steps": 1,
+        "save_strategy": "no", "overwrite_output_dir": True, "report_to": "none", "plot_loss": False,
+        "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "learning_rate": 1.0e-3,
+        "num_train_epochs": 1, "lr_scheduler_type": "cosine", "bf16": False, "seed": 7,
+    }
+    config.update(overrides)
+    return config
+
+
+def train(config: dict, nproc: int = 1, timeout: float = 600, check: bool = True,
+          **env_extra: str) -> subprocess.CompletedProcess:
+    out_dir = Path(config["output_dir"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir.parent / f"{out_dir.name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    extra = dict(env_extra)
+    if nproc > 1:
+        extra.update(FORCE_TORCHRUN="1", NPROC_PER_NODE=str(nproc))
+    proc = subprocess.run([str(BIN / "llamafactory-cli"), "train", str(path)], env=env(**extra),
+                          capture_output=True, text=True, timeout=timeout, cwd=str(out_dir.parent))
+    (out_dir.parent / f"{out_dir.name}.log").write_text(proc.stdout + proc.stderr)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"llamafactory-cli failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
+    return proc
+
+
+def ledger(audit_dir: Path, max_step: Optional[int] = None) -> List[dict]:
+    return read_ledger(str(audit_dir), max_step)
+
+
+def trained_indices(rows: List[dict]) -> List[int]:
+    return sorted(i for r in rows for i in r["indices"])
+
+
+def log_history(out_dir: Path) -> List[dict]:
+    return json.loads((Path(out_dir) / "trainer_state.json").read_text())["log_history"]

@@ -1,0 +1,216 @@
+"""End-to-end: stock `llamafactory-cli train` on the tiny Qwen3-VL with odb_* keys."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.helpers import lf_runs
+from tests.helpers.lf_runs import base_yaml, ledger, log_history, train, trained_indices
+
+pytest.importorskip("llamafactory")
+NUM_SAMPLES = 96  # conftest.demo_data
+
+ODB = {"odb_enable": True, "odb_token_budget": 768, "odb_buffer_size": 32, "odb_collate_workers": 1}
+
+
+def _odb_run(tmp_path, tiny_model, demo_data, name, nproc=1, **overrides):
+    out = tmp_path / name
+    config = base_yaml(tiny_model, demo_data, out, odb_audit_dir=str(tmp_path / f"{name}_audit"),
+                       **{**ODB, **overrides})
+    train(config, nproc=nproc)
+    return out, ledger(tmp_path / f"{name}_audit")
+
+
+def test_one_process_two_epochs_schedule_coverage_and_eval(tmp_path, tiny_model, demo_data):
+    out, rows = _odb_run(tmp_path, tiny_model, demo_data, "single", num_train_epochs=2,
+                         gradient_accumulation_steps=2, warmup_ratio=0.1, val_size=0.25,
+                         eval_strategy="steps", eval_steps=4, per_device_eval_batch_size=4,
+                         report_to="tensorboard")
+    train_split = NUM_SAMPLES - NUM_SAMPLES // 4
+    for epoch in (0, 1):
+        assert trained_indices([r for r in rows if r["epoch"] == epoch]) == list(range(train_split))
+    evals = [h for h in log_history(out) if "eval_loss" in h]
+    assert len(evals) >= 2 and all(math.isfinite(h["eval_loss"]) for h in evals)
+    history = [h for h in log_history(out) if "loss" in h]
+    assert [h["step"] for h in history] == list(range(1, len(history) + 1))
+    assert history[-1]["epoch"] == pytest.approx(2.0)
+    # the LR schedule follows samples: warmup peak, then cosine down to ~0 at the last step
+    lrs = [h["learning_rate"] for h in history]
+    # (HF logs the LR before the last update, so the last value is the one near 90% progress)
+    assert max(lrs) <= 1.0e-3 + 1e-12 and lrs[-1] < 0.1 * 1.0e-3
+    assert lrs.index(max(lrs)) < len(lrs) // 4
+    assert all(0 < h["odb/padding_efficiency"] <= 1 for h in history)
+    assert all(r["micro_steps"] == 2 for r in rows), "every optimizer step is a full accumulation window"
+    # the ODB metrics reach TensorBoard when report_to asks for it
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    tags = set()
+    for run_dir in {p.parent for p in out.rglob("events.out.tfevents.*")}:
+        tags |= set(EventAccumulator(str(run_dir)).Reload().Tags()["scalars"])
+    assert {"train/odb/padding_efficiency", "train/odb/data_wait_s"} <= tags, sorted(tags)
+
+
+@pytest.mark.parametrize("join", [True, False])
+def test_two_ranks_ddp_join_and_nonjoin(tmp_path, tiny_model, demo_data, join):
+    _, rows = _odb_run(tmp_path, tiny_model, demo_data, f"ddp_join{join}", nproc=2, odb_join=join)
+    steps = {rank: [r["step"] for r in rows if r["rank"] == rank] for rank in (0, 1)}
+    assert steps[0] == steps[1], "both ranks ran the same optimizer steps"
+    indices = trained_indices(rows)
+    if join:
+        assert indices == list(range(NUM_SAMPLES))
+    else:
+        assert len(indices) == NUM_SAMPLES
+    # vision patches are recorded exactly for the steps that trained images (merge 2x2 units)
+    demo_rows = json.loads((demo_data / "demo.json").read_text())
+    for r in rows:
+        has_image = any(demo_rows[i]["images"] for i in r["indices"])
+        assert (r["vision_patches"] > 0) == has_image and r["vision_patches"] % 4 == 0, r
+    # the benchmark's measured layer reads these ledgers: per step, the busiest rank's work
+    from bench.measured import step_records
+    records = step_records(str(tmp_path / f"ddp_join{join}_audit"))
+    assert len(records) == len(steps[0]) - 1
+    by_step = {s: [r for r in rows if r["step"] == s] for s in steps[0][1:]}
+    assert [rec["padded_tokens"] for rec in records] == [max(r["padded_tokens"] for r in by_step[s])
+                                                         for s in steps[0][1:]]
+    assert all(rec["seconds"] > 0 for rec in records)
+
+
+def test_two_ranks_zero2(tmp_path, tiny_model, demo_data):
+    ds_config = tmp_path / "ds_z2.json"
+    ds_config.write_text(json.dumps({
+        "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+        "zero_allow_untested_optimizer": True, "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
+        "zero_optimization": {"stage": 2, "overlap_comm": False, "contiguous_gradients": True}}))
+    _, rows = _odb_run(tmp_path, tiny_model, demo_data, "zero2", nproc=2, deepspeed=str(ds_config),
+                       gradient_accumulation_steps=2)
+    assert trained_indices(rows) == list(range(NUM_SAMPLES))
+
+
+def test_without_odb_keys_llamafactory_runs_upstream(tmp_path, tiny_model, demo_data):
+    out = tmp_path / "upstream"
+    proc = train(base_yaml(tiny_model, demo_data, out, max_steps=3))
+    assert "odb/" not in proc.stdout + proc.stderr
+    assert [h["step"] for h in log_history(out) if "loss" in h] == [1, 2, 3]
+
+
+def test_disable_switch_turns_the_hook_off(tmp_path, tiny_model, demo_data):
+    config = base_yaml(tiny_model, demo_data, tmp_path / "disabled", max_steps=1, **ODB)
+    proc = train(config, check=False, ODB_FACTORY_DISABLE="1")
+    assert proc.returncode != 0
+    assert "Some keys are not used by the HfArgumentParser" in proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def trained_start(tmp_path_factory, tiny_model, demo_data):
+    """A briefly trained model: per-token losses then differ widely, so a loss weighted by
+    micro-batch instead of by token would visibly differ from the exact one."""
+    out = tmp_path_factory.mktemp("pretrained") / "start"
+    train(base_yaml(tiny_model, demo_data, out, max_steps=40, learning_rate=5e-3,
+                    per_device_train_batch_size=4, save_strategy="no"))
+    return out
+
+
+def test_loss_equals_standard_token_mean_on_the_same_samples(tmp_path, trained_start, demo_data):
+    # ODB: 2 ranks x 2 micro-steps; the logged loss of optimizer step 1 ...
+    out, rows = _odb_run(tmp_path, trained_start, demo_data, "odb_loss", nproc=2,
+                         gradient_accumulation_steps=2, max_steps=1, learning_rate=1e-9,
+                         odb_token_budget=256)
+    first = [r for r in rows if r["step"] == 1]
+    samples = trained_indices(first)
+    assert len(first) == 2 and len(samples) > 4
+    odb_loss = [h for h in log_history(out) if "loss" in h][0]["loss"]
+    # ... equals a Standard run's loss on exactly those samples in one batch (its per-token mean).
+    rows_json = json.loads((demo_data / "demo.json").read_text())
+    subset_dir = tmp_path / "subset"
+    subset_dir.mkdir()
+    (subset_dir / "demo.json").write_text(json.dumps([rows_json[i] for i in samples]))
+    info = json.loads((demo_data / "dataset_info.json").read_text())
+    (subset_dir / "dataset_info.json").write_text(json.dumps(info))
+    std = tmp_path / "standard_loss"
+    train(base_yaml(trained_start, subset_dir, std, media_dir=str(demo_data), max_steps=1,
+                    per_device_train_batch_size=len(samples), disable_shuffling=True, learning_rate=1e-9))
+    standard_loss = [h for h in log_history(std) if "loss" in h][0]["loss"]
+    assert odb_loss == pytest.approx(standard_loss, abs=2e-4), (odb_loss, standard_loss)
+
+
+def test_kill_and_resume_ledger_equals_uninterrupted(tmp_path, tiny_model, demo_data):
+    out = tmp_path / "killed"
+    audit_a = tmp_path / "audit_a"
+    config = base_yaml(tiny_model, demo_data, out, odb_audit_dir=str(audit_a), save_strategy="steps",
+                       save_steps=3, **ODB)
+    path = tmp_path / "killed.yaml"
+    path.write_text(__import__("yaml").safe_dump(config))
+    proc = subprocess.Popen([str(lf_runs.BIN / "llamafactory-cli"), "train", str(path)],
+                            env=lf_runs.env(FORCE_TORCHRUN="1", NPROC_PER_NODE="2"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    checkpoint = out / "checkpoint-3"
+    deadline = time.time() + 300
+    while not all((checkpoint / f"odb_state_rank{r}.json").exists() for r in (0, 1)):
+        assert proc.poll() is None, "the run ended before its first checkpoint"
+        assert time.time() < deadline, "no checkpoint-3 within 300 s"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = ledger(audit_a, max_step=3)
+    audit_b = tmp_path / "audit_b"
+    resumed = dict(config, odb_audit_dir=str(audit_b), resume_from_checkpoint=str(checkpoint),
+                   save_strategy="no")
+    train(resumed, nproc=2)
+    after = ledger(audit_b)
+    assert before and after
+    assert trained_indices(before + after) == list(range(NUM_SAMPLES)), "no sample lost or repeated"
+
+
+@pytest.mark.skipif(not lf_runs.SHARED_DEMO.exists(), reason="shared LLaMA-Factory demo data is absent")
+def test_real_llamafactory_demo_data(tmp_path, tiny_model):
+    data_dir = tmp_path / "real"
+    data_dir.mkdir()
+    demo = lf_runs.SHARED_DEMO
+    (data_dir / "dataset_info.json").write_text(json.dumps({
+        "alpaca_en_demo": {"file_name": str(demo / "alpaca_en_demo.json")},
+        "mllm_demo": {"file_name": str(demo / "mllm_demo.json"), "formatting": "sharegpt",
+                      "columns": {"messages": "messages", "images": "images"},
+                      "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                               "assistant_tag": "assistant"}}}))
+    out = tmp_path / "real_out"
+    config = base_yaml(tiny_model, data_dir, out, dataset="mllm_demo,alpaca_en_demo", max_samples=60,
+                       media_dir=str(demo), odb_audit_dir=str(tmp_path / "real_audit"), **ODB)
+    train(config, nproc=2)
+    rows = ledger(tmp_path / "real_audit")
+    mllm = len(json.loads((demo / "mllm_demo.json").read_text()))
+    assert trained_indices(rows) == list(range(min(60, mllm) + 60))
+
+
+@pytest.mark.parametrize("deepspeed,stages", [(False, ["llm", "vision"]), (True, ["llm"])])
+def test_balancing_keeps_coverage_and_loss(tmp_path, trained_start, demo_data, deepspeed, stages):
+    """Post-balancing only moves samples (LLM stage) and images (vision stage) between
+    ranks within a step: the same samples per optimizer step, the same loss curve, every
+    index once."""
+    extra = {"gradient_accumulation_steps": 2, "max_steps": 4, "learning_rate": 1e-3,
+             "odb_token_budget": 384, "freeze_vision_tower": False}
+    if deepspeed:
+        ds_config = tmp_path / "ds_z2.json"
+        ds_config.write_text(json.dumps({
+            "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+            "zero_allow_untested_optimizer": True, "zero_optimization": {"stage": 2}}))
+        extra["deepspeed"] = str(ds_config)
+    off, rows_off = _odb_run(tmp_path, trained_start, demo_data, "balance_off", nproc=2, **extra)
+    on, rows_on = _odb_run(tmp_path, trained_start, demo_data, "balance_on", nproc=2, odb_balance=True,
+                           odb_balance_stages=stages, **extra)
+    for step in range(1, 5):
+        assert (trained_indices([r for r in rows_on if r["step"] == step])
+                == trained_indices([r for r in rows_off if r["step"] == step]))
+    loss_off = [h["loss"] for h in log_history(off) if "loss" in h]
+    loss_on = [h["loss"] for h in log_history(on) if "loss" in h]
+    assert loss_on == pytest.approx(loss_off, abs=2e-4)
+    history = [h for h in log_history(on) if "odb/balance_max_over_lb" in h]
+    assert history, "balance metrics reach the trainer logs"
+    assert all(h["odb/balance_max_over_lb"] <= h["odb/balance_max_over_lb_before"] + 1e-9 for h in history)

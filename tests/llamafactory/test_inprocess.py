@@ -1,0 +1,151 @@
+"""In-process checks of the LLaMA-Factory integration: lazy preprocessing is identical to
+upstream's, and bad input fails before any process group starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("llamafactory")
+
+from tests.helpers import lf_runs  # noqa: E402
+from tests.helpers.lf_runs import base_yaml  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def lf():
+    import llamafactory.train.tuner  # noqa: F401  (the import hook applies the patches here)
+    import odb_factory_patches
+    odb_factory_patches.apply()
+    from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
+    from llamafactory.hparams import get_train_args
+    from llamafactory.model import load_tokenizer
+    return get_train_args, load_tokenizer, get_template_and_fix_tokenizer, get_dataset
+
+
+def _datasets(lf, config):
+    get_train_args, load_tokenizer, get_template, get_dataset = lf
+    from odb_factory.llamafactory import state
+    model_args, data_args, training_args, _, _ = get_train_args(config)
+    tokenizer_module = load_tokenizer(model_args)
+    template = get_template(tokenizer_module["tokenizer"], data_args)
+    lazy = get_dataset(template, model_args, data_args, training_args, "sft", **tokenizer_module)["train_dataset"]
+    state.current = None  # the same run without ODB: upstream's eager datasets.map
+    eager = get_dataset(template, model_args, data_args, training_args, "sft", **tokenizer_module)["train_dataset"]
+    return lazy, eager
+
+
+def _assert_identical(lazy, eager):
+    from odb_factory.llamafactory.lazy_dataset import LazySupervisedDataset
+    assert isinstance(lazy, LazySupervisedDataset)
+    assert len(lazy) == len(eager) > 0
+    for i in range(len(eager)):
+        a, b = lazy[i], eager[i]
+        assert a["input_ids"] == b["input_ids"], i
+        assert a["labels"] == b["labels"], i
+        assert a["attention_mask"] == b["attention_mask"], i
+        assert (a.get("images") or None) == (b.get("images") or None), i
+
+
+def test_lazy_equals_eager_on_generated_multimodal_data(lf, tmp_path, tiny_model, demo_data):
+    config = base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, cutoff_len=256)
+    _assert_identical(*_datasets(lf, config))
+
+
+def test_truncated_vision_tokens_are_named(lf, tmp_path, tiny_model, demo_data):
+    from odb_factory.llamafactory.lazy_dataset import TruncatedVisionTokensError
+    lazy, eager = _datasets(lf, base_yaml(tiny_model, demo_data, tmp_path / "a", odb_enable=True, cutoff_len=128))
+    full, _ = _datasets(lf, base_yaml(tiny_model, demo_data, tmp_path / "b", odb_enable=True, cutoff_len=4096))
+    image_id = json.loads((tiny_model / "config.json").read_text())["image_token_id"]
+    cut = []
+    for i in range(len(eager)):
+        # upstream's own output tells which rows lost image tokens to the cutoff
+        if eager[i]["input_ids"].count(image_id) != full[i]["input_ids"].count(image_id):
+            cut.append(i)
+            with pytest.raises(TruncatedVisionTokensError, match=rf"training row {lazy.rows[i]}: cutoff_len=128"):
+                lazy[i]
+        else:
+            assert lazy[i]["input_ids"] == eager[i]["input_ids"]
+    assert 0 < len(cut) < len(eager)
+
+
+@pytest.mark.skipif(not lf_runs.SHARED_DEMO.exists(), reason="shared LLaMA-Factory demo data is absent")
+def test_lazy_equals_eager_on_real_demo_data(lf, tmp_path, tiny_model):
+    demo = lf_runs.SHARED_DEMO
+    data_dir = tmp_path / "real"
+    data_dir.mkdir()
+    (data_dir / "dataset_info.json").write_text(json.dumps({
+        "alpaca_en_demo": {"file_name": str(demo / "alpaca_en_demo.json")},
+        "glaive_toolcall_en_demo": {"file_name": str(demo / "glaive_toolcall_en_demo.json"),
+                                    "formatting": "sharegpt",
+                                    "columns": {"messages": "conversations", "tools": "tools"}},
+        "mllm_demo": {"file_name": str(demo / "mllm_demo.json"), "formatting": "sharegpt",
+                      "columns": {"messages": "messages", "images": "images"},
+                      "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                               "assistant_tag": "assistant"}}}))
+    config = base_yaml(tiny_model, data_dir, tmp_path / "out", media_dir=str(demo), odb_enable=True,
+                       dataset="mllm_demo,alpaca_en_demo,glaive_toolcall_en_demo", max_samples=80,
+                       cutoff_len=256)  # truncates long text rows; no image run is cut at 256
+    lazy, eager = _datasets(lf, config)
+    _assert_identical(lazy, eager)
+    assert any(len(eager[i]["input_ids"]) == 256 for i in range(len(eager))), "truncation is exercised"
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"odb_token_budgte": 10}, "did you mean 'odb_token_budget'"),
+    ({"odb_token_budget": 0}, "odb_token_budget must be a positive integer"),
+    ({"odb_balance_mode": "greedy"}, "odb_balance_mode: 'greedy' is not one of"),
+    ({"stage": "dpo"}, "odb_* options apply to stage ['sft']"),
+    ({"packing": True}, "packing/neat_packing"),
+    ({"use_dft_loss": True}, "use_dft_loss"),
+    ({"streaming": True}, "streaming: ODB needs a map-style dataset"),
+    ({"accelerator_config": {"dispatch_batches": True}}, "dispatch_batches"),
+])
+def test_bad_odb_settings_are_named(lf, tmp_path, tiny_model, demo_data, change, message):
+    config = base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, **change)
+    with pytest.raises(ValueError) as info:
+        lf[0](config)
+    assert message in str(info.value)
+
+
+def test_missing_paths_are_named(lf, tmp_path, tiny_model, demo_data):
+    with pytest.raises(FileNotFoundError, match="model_name_or_path: ./no/such/model does not exist"):
+        lf[0](base_yaml("./no/such/model", demo_data, tmp_path / "o", odb_enable=True))
+    with pytest.raises(FileNotFoundError, match="dataset_dir: .* is not a directory"):
+        lf[0](base_yaml(tiny_model, tmp_path / "nothing", tmp_path / "o", odb_enable=True))
+    with pytest.raises(ValueError, match=r"dataset \['nope'\] not registered"):
+        lf[0](base_yaml(tiny_model, demo_data, tmp_path / "o", odb_enable=True, dataset="nope"))
+
+
+def test_command_line_overrides_reach_odb(lf, tmp_path, tiny_model, demo_data, monkeypatch):
+    import sys
+    import yaml
+    from llamafactory.hparams.parser import read_args
+    from odb_factory.llamafactory import state
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(base_yaml(tiny_model, demo_data, tmp_path / "o", odb_enable=True)))
+    monkeypatch.setattr(sys, "argv", ["x", str(path), "odb_token_budget=8192", "odb_join=false"])
+    lf[0](read_args())
+    assert state.current.odb_token_budget == 8192 and state.current.odb_join is False
+
+
+def test_hook_costs_nothing_in_other_processes():
+    import subprocess
+    import sys
+    code = "import sys; print('torch' in sys.modules, 'llamafactory' in sys.modules, " \
+           "any(type(f).__name__ == 'PatchOnImport' for f in sys.meta_path))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False", "True"]
+
+
+def test_unsupported_versions_are_named(monkeypatch):
+    import llamafactory
+    import transformers
+    import odb_factory_patches
+    assert odb_factory_patches.unsupported_reason() is None
+    monkeypatch.setattr(llamafactory, "__version__", "0.9.4")
+    assert "llamafactory 0.9.4 is installed" in odb_factory_patches.unsupported_reason()
+    monkeypatch.setattr(llamafactory, "__version__", "0.9.5")
+    monkeypatch.setattr(transformers, "__version__", "4.57.1")
+    assert "transformers 4.57.1 is installed" in odb_factory_patches.unsupported_reason()
