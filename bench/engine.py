@@ -9,13 +9,14 @@ Side by side on the same samples, in one process:
   * planning throughput (samples/s through grouping + alignment);
   * loader throughput: ODBDataLoader vs a plain DataLoader on the same dataset and workers.
 Profiles: generated long tails with CV 0.3 / 0.5 / 1.0, and the real LLaMA-Factory demo
-sets (../shared/data) tokenised with a local byte-level tokenizer.
+sets (bench.demo_workload.DEMO_DIR, skipped when absent) with one token per UTF-8 byte.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 from pathlib import Path
@@ -27,16 +28,16 @@ from odb_factory import ODBConfig, ODBDataLoader, SampleCost
 from odb_factory.planning.simulated_world import simulate_epoch
 from odb_factory.synthetic import LengthDataset, long_tail_lengths, pad_collate
 
-REPO = Path(__file__).resolve().parents[1]
-DEMO_DATA = REPO.parent / "shared" / "data" / "llamafactory_demo"
-RESULTS = REPO / "bench" / "results"
+from .demo_workload import DEMO_DIR
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def demo_lengths() -> Dict[str, List[int]]:
     """Byte lengths of the real demo conversations (a byte-level tokenizer's token count)."""
     out = {}
     for name in ("alpaca_en_demo", "glaive_toolcall_en_demo"):
-        path = DEMO_DATA / f"{name}.json"
+        path = DEMO_DIR / f"{name}.json"
         if not path.exists():
             continue
         rows = json.loads(path.read_text())
@@ -52,8 +53,6 @@ def fixed_batches(lengths: Sequence[int], budget: int, seed: int = 0):
     """Standard: random order, the largest fixed batch that never exceeds the budget."""
     batch = max(1, budget // max(lengths))
     order = list(range(len(lengths)))
-    torch.Generator().manual_seed(seed)
-    import random
     random.Random(seed).shuffle(order)
     return [order[i:i + batch] for i in range(0, len(order), batch)]
 

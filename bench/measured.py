@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Dict, List
 
 import numpy as np
-from scipy.optimize import nnls
 
 from odb_factory.llamafactory.audit_ledger import read_ledger, read_rank_ledgers
+
+from .solvers import scaled_nnls
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / ".cache" / "bench_runs"
@@ -38,10 +39,19 @@ COMMON = {"max_samples": 256, "val_size": 0.1, "do_eval": True,
           "per_device_eval_batch_size": 4, "seed": 3}
 
 
+LLAMAFACTORY_CLI = Path(sys.executable).parent / "llamafactory-cli"
+
+
+def offline_env(**extra: str) -> Dict[str, str]:
+    """This environment with the hubs offline (nothing is reachable from the bench machines)
+    and this interpreter's scripts first on PATH (llamafactory-cli starts torchrun from it)."""
+    return dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", **extra)
+
+
 def _env() -> Dict[str, str]:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", FORCE_TORCHRUN="1", NPROC_PER_NODE="2")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    """Two CPU ranks under torchrun, ODB's hook on."""
+    env = offline_env(TOKENIZERS_PARALLELISM="false", FORCE_TORCHRUN="1", NPROC_PER_NODE="2")
     env.pop("ODB_FACTORY_DISABLE", None)
     return env
 
@@ -58,7 +68,7 @@ def train(name: str, recipe: str, **overrides) -> Dict[str, float]:
     log = RUNS / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as f:
-        proc = subprocess.run([str(Path(sys.executable).parent / "llamafactory-cli"), "train", recipe, *args],
+        proc = subprocess.run([str(LLAMAFACTORY_CLI), "train", recipe, *args],
                               cwd=REPO, env=_env(), stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed; see {log}")
@@ -105,10 +115,7 @@ def fit_step_time(records: List[dict]) -> Dict[str, float]:
     x = np.array([[1.0] + [r[f] for f in FEATURES] for r in records])
     y = np.array([r["seconds"] for r in records])
     train, test = slice(0, None, 2), slice(1, None, 2)
-    scale = np.linalg.norm(x[train], axis=0)
-    scale[scale == 0] = 1.0
-    coef, _ = nnls(x[train] / scale, y[train])
-    coef = coef / scale
+    coef = scaled_nnls(x[train], y[train])
     pred = x[test] @ coef
     err = np.abs(pred - y[test]) / np.maximum(y[test], 1e-9)
     return {"c0": coef[0], "a": coef[1], "b": coef[2], "v": coef[3], "steps_fitted": int(len(y[train])),

@@ -36,7 +36,7 @@ from odb_factory import ODBConfig, SampleCost
 from odb_factory.planning.simulated_world import simulate_epoch
 from odb_factory.planning.views import epoch_view
 
-from .profiles import Profile
+from .workloads import Profile
 
 
 @dataclass

@@ -18,7 +18,8 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from .methods import Schedule
-from .profiles import Profile
+from .solvers import bisect
+from .workloads import Profile
 from .step_model import StepModel
 
 
@@ -339,15 +340,8 @@ def explain(f_std: Features, f_odb: Features, p: Profile, m: StepModel, paper_sp
     denom = k * ns - paper_speedup * no
     out["extra_fixed_s"] = ((paper_speedup * ro.time_s - k * rs.time_s) / denom) if denom else float("nan")
     if paper_std_sps:
-        lo, hi = 0.05, 20.0
-        for _ in range(60):
-            mid = math.sqrt(lo * hi)
-            sps = evaluate(f_std, p, m.scaled(mid)).samples_per_s
-            if sps < paper_std_sps:
-                lo = mid
-            else:
-                hi = mid
-        r = math.sqrt(lo * hi)
+        r = bisect(lambda x: evaluate(f_std, p, m.scaled(x)).samples_per_s < paper_std_sps,
+                   0.05, 20.0, 60, geometric=True)
         out["implied_mfu_ratio"] = r
         out["speedup_at_implied"] = speedup(f_std, f_odb, p, m.scaled(r))
     return out

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import yaml
 
+from .measured import LLAMAFACTORY_CLI, offline_env
+
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache" / "bench"
 
@@ -65,11 +67,9 @@ def time_to_first_step(lazy: bool, num_samples: int) -> float:
     out.parent.mkdir(parents=True, exist_ok=True)
     path = out.parent / f"{out.name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     start = time.perf_counter()
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "llamafactory-cli"), "train", str(path)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([str(LLAMAFACTORY_CLI), "train", str(path)], env=offline_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     first = None
     for line in proc.stdout:
         if first is None and "'loss'" in line:

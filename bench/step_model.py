@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Sequence
 
 import numpy as np
-from scipy.optimize import nnls
+
+from .solvers import scaled_nnls
 
 GB = 1e9
 
@@ -250,10 +251,7 @@ def fit_step_model(rows: Iterable[Mapping[str, float]], time_key: str = "time_s"
     y = np.asarray([float(r[time_key]) for r in rows], dtype=np.float64)
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y)) and (x >= 0).all() and (y >= 0).all()):
         raise ValueError("measured rows must be finite and non-negative")
-    scale = np.linalg.norm(x, axis=0)
-    scale[scale == 0] = 1.0
-    coef, _ = nnls(x / scale, y)
-    coef = coef / scale
+    coef = scaled_nnls(x, y)
     pred = x @ coef
     rel = np.where(y > 0, (pred - y) / np.where(y > 0, y, 1.0), 0.0)
     ss_res = float(np.sum((y - pred) ** 2))

@@ -12,13 +12,13 @@ Plug in a real dataset with `profile_from_rows(name, [(tokens, images, patches),
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Iterable, Optional, Sequence, Tuple
+from typing import Iterable, Sequence, Tuple
 
 import numpy as np
+
+from .solvers import bisect
 
 CUTOFF_LEN = 16384             # LLaMA-Factory cutoff_len of the paper's recipe
 IMAGE_MAX_PIXELS = 589824      # LLaMA-Factory image_max_pixels (768 x 768)
@@ -28,7 +28,6 @@ FACTOR = PATCH * MERGE         # resized sides are multiples of 32 pixels
 PROC_MIN_PIXELS = 65536        # Qwen3-VL image processor shortest_edge (min pixels)
 PROC_MAX_PIXELS = 16777216     # Qwen3-VL image processor longest_edge (max pixels)
 SHORT_TOKENS = 512             # f_s threshold: >= 24 such samples fit one 12,288-token budget
-DEMO_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "llamafactory_demo"
 
 
 @dataclass(frozen=True)
@@ -154,23 +153,9 @@ def _solve_lognormal(z: np.ndarray, base: np.ndarray, total_mean: float, total_c
         return np.clip(np.exp(mu + sigma * z), lo, room)
 
     def mu_for(sigma: float) -> float:
-        a, b = -5.0, 15.0
-        for _ in range(60):
-            m = 0.5 * (a + b)
-            if (base + text(m, sigma)).mean() < total_mean:
-                a = m
-            else:
-                b = m
-        return 0.5 * (a + b)
+        return bisect(lambda m: (base + text(m, sigma)).mean() < total_mean, -5.0, 15.0, 60)
 
-    s_lo, s_hi = 1e-3, 3.0
-    for _ in range(40):
-        s = 0.5 * (s_lo + s_hi)
-        if length_cv(base + text(mu_for(s), s)) < total_cv:
-            s_lo = s
-        else:
-            s_hi = s
-    s = 0.5 * (s_lo + s_hi)
+    s = bisect(lambda s: length_cv(base + text(mu_for(s), s)) < total_cv, 1e-3, 3.0, 40)
     return np.rint(text(mu_for(s), s)).astype(np.int64)
 
 
@@ -275,14 +260,8 @@ def mm_mix(n: int, seed: int = 0, short_share: float = 0.6, cv: float = 0.95) ->
         return np.maximum(16, t)  # at least the chat template's own tokens
 
     # Solve the tail's text mean so the whole mix reaches the target CV (CV grows with it).
-    lo, hi = 1.0, 8000.0
-    for _ in range(50):
-        m = math.sqrt(lo * hi)
-        if length_cv(np.minimum(vision + with_tail(m), CUTOFF_LEN)) < cv:
-            lo = m
-        else:
-            hi = m
-    text = with_tail(math.sqrt(lo * hi))
+    text = with_tail(bisect(lambda m: length_cv(np.minimum(vision + with_tail(m), CUTOFF_LEN)) < cv,
+                            1.0, 8000.0, 50, geometric=True))
     return _assemble("MM-Mix", text, images, patches, patch_sq, 0.5, 12288,
                      f"mix: {short_share:.0%} short OCR/VQA/caption, 30% single-image chat, "
                      f"rest 2-4 image tail, 1 in 40k an 8k-13k document; CV {cv} (assumption)",
@@ -312,93 +291,6 @@ def generated_fs(n: int, f_s: float, seed: int = 0) -> Profile:
     zeros = np.zeros(n, dtype=np.int64)
     return _assemble(f"gen f_s {f_s:.2f}", text, zeros, zeros, zeros, 0.7, 12288,
                      "generated short/long mixture", {"f_s": f_s})
-
-
-# ----------------------------------------------------------------------------- real demo data
-def _chatml_bytes(turns: Sequence[Tuple[str, str]]) -> int:
-    text = "".join(f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in turns)
-    return len(text.encode("utf-8"))
-
-
-def _demo_conversations(folder: Path):
-    """(turns, image paths) of every demo sample, in LLaMA-Factory's roles."""
-    out = []
-    alpaca = folder / "alpaca_en_demo.json"
-    if alpaca.exists():
-        for row in json.loads(alpaca.read_text()):
-            prompt = row["instruction"] + ("\n" + row["input"] if row.get("input") else "")
-            out.append(([("user", prompt), ("assistant", row["output"])], []))
-    glaive = folder / "glaive_toolcall_en_demo.json"
-    if glaive.exists():
-        roles = {"human": "user", "gpt": "assistant", "function_call": "assistant",
-                 "observation": "tool"}
-        for row in json.loads(glaive.read_text()):
-            turns = [("system", row.get("tools", ""))] if row.get("tools") else []
-            turns += [(roles.get(m["from"], m["from"]), m["value"]) for m in row["conversations"]]
-            out.append((turns, []))
-    mllm = folder / "mllm_demo.json"
-    if mllm.exists():
-        for row in json.loads(mllm.read_text()):
-            turns = [(m["role"], m["content"].replace("<image>", "")) for m in row["messages"]]
-            out.append((turns, [folder / p for p in row.get("images", [])]))
-    return out
-
-
-def _image_size(path: Path) -> Tuple[int, int]:
-    try:
-        from PIL import Image
-        with Image.open(path) as im:
-            return im.size
-    except Exception:  # no PIL or unreadable: a typical 640 x 480 photo
-        return (640, 480)
-
-
-def demo_profile(n: Optional[int] = None, seed: int = 0, folder: Path = DEMO_DIR,
-                 tokenizer_dir: Optional[Path] = None) -> Optional[Profile]:
-    """The LLaMA-Factory demo sets as one real profile, or None when the folder is absent.
-
-    Tokens: UTF-8 bytes of the ChatML-rendered conversation / 4 (a Qwen-like BPE averages
-    ~4 bytes per English token), or, with `tokenizer_dir` (e.g. the tiny Qwen3-VL built by
-    `odb_factory.demo.tiny_model.build_tiny_qwen3vl`), that tokenizer's exact count. Images:
-    their real sizes through `image_grid`. With `n`, the 1,305 real samples are resampled with
-    replacement (seeded) to n samples so the per-rank statistics are not dominated by 3 steps.
-    """
-    convs = _demo_conversations(Path(folder))
-    if not convs:
-        return None
-    tok = None
-    if tokenizer_dir is not None:
-        from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    rows, labels = [], []
-    size_cache: dict = {}
-    for turns, images in convs:
-        if tok is not None:
-            rendered = "".join(f"<|im_start|>{r}\n{c}<|im_end|>\n" for r, c in turns)
-            text = len(tok(rendered)["input_ids"])
-            answer = sum(len(tok(c)["input_ids"]) for r, c in turns if r == "assistant")
-        else:
-            text = max(1, round(_chatml_bytes(turns) / 4))
-            answer = max(1, round(sum(len(c.encode()) for r, c in turns if r == "assistant") / 4))
-        p = 0
-        for path in images:
-            if path not in size_cache:
-                size_cache[path] = image_patches(*_image_size(path))
-            p += size_cache[path]
-        rows.append((text + 2 * len(images) + p // (MERGE * MERGE), len(images), p))
-        labels.append(answer)
-    arr = np.asarray(rows, dtype=np.int64)
-    lab = np.asarray(labels, dtype=np.int64)
-    if n is not None:
-        pick = np.random.default_rng([seed, 7]).integers(0, len(arr), size=n)
-        arr, lab = arr[pick], lab[pick]
-    name = "LF demo (real)" if tok is None else "LF demo (real, given tokenizer)"
-    prof = profile_from_rows(name, [tuple(r) for r in arr.tolist()],
-                             note="alpaca_en_demo + glaive_toolcall_en_demo + mllm_demo; "
-                                  + ("tokenizer count" if tok is not None else "bytes/4"))
-    return Profile(prof.name, prof.tokens, prof.text_tokens, np.minimum(lab, prof.tokens),
-                   prof.images, prof.patches, prof.patch_sq, prof.token_budget, prof.text_only,
-                   prof.note, {})
 
 
 PAPER_WORKLOADS = {

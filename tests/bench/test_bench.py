@@ -1,4 +1,4 @@
-"""Correctness of the benchmark's simulation layer (bench/): profiles, methods, step model.
+"""Correctness of the benchmark's simulation layer (bench/): workloads, methods, step model.
 
 Fast (a few seconds): small profiles, 4-8 simulated ranks. The full `python -m bench.run`
 smoke runs separately; here one tiny end-to-end row is simulated.
@@ -12,9 +12,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from bench import demo_workload, measured_report, tables
 from bench import methods as M
-from bench import profiles as P
-from bench import report
+from bench import workloads as P
 from bench.methods import Schedule
 from bench.simulate import (LedgerError, check_ledger, data_wait, evaluate, features, rounds_of,
                             step_times)
@@ -78,9 +78,9 @@ def test_profile_from_rows_plugs_a_real_dataset():
 
 
 def test_demo_profile_reads_the_real_demo_sets():
-    if not P.DEMO_DIR.exists():
-        pytest.skip(f"LLaMA-Factory demo data not found at {P.DEMO_DIR}")
-    p = P.demo_profile()
+    if not demo_workload.DEMO_DIR.exists():
+        pytest.skip(f"LLaMA-Factory demo data not found at {demo_workload.DEMO_DIR}")
+    p = demo_workload.demo_profile()
     assert len(p) >= 1300 and p.images.sum() > 0 and p.tokens.min() > 0
 
 
@@ -256,7 +256,7 @@ def test_nnls_fit_recovers_known_coefficients():
 
 def test_measured_hook_writes_fit_and_plot(tmp_path):
     rows = [{"tokens": t, "sum_sq": t * t, "time_s": 0.01 + 1e-4 * t} for t in range(100, 2000, 100)]
-    md = report.add_measured_rows(rows, tmp_path)
+    md = measured_report.add_measured_rows(rows, tmp_path)
     assert "Measured layer" in md and (tmp_path / "measured_fit.csv").exists()
     assert (tmp_path / "measured_vs_predicted.png").stat().st_size > 0
 
@@ -276,11 +276,11 @@ def test_data_wait_is_non_increasing_in_depth_and_zero_for_an_instant_producer(s
 
 # ----------------------------------------------------------------------------- end to end
 def test_tiny_end_to_end_row():
-    from bench import run
+    from bench import lab as L
 
     p = P.ultrachat(1200, seed=2)
-    lab = run.Lab(seed=0)
-    row = run.evaluate_row(lab, p, "8B", "1n-full", mfu=0.7)
+    lab = L.Lab(seed=0)
+    row = L.evaluate_row(lab, p, "8B", "1n-full", mfu=0.7)
     res = row["results"]
     assert {"standard", "odb", "odb_balanced", "gmt", "packing", "sorted"} <= set(res)
     for r in res.values():
@@ -291,5 +291,47 @@ def test_tiny_end_to_end_row():
     e = row["explain"]
     assert e["ratio"] == pytest.approx(e["ours"] / 1.77)
     assert e["ours"] == pytest.approx(res["odb"].samples_per_s / res["standard"].samples_per_s)
-    md = report.main_table([row])
+    md = tables.main_table([row])
     assert "UltraChat-200K" in md and "ODB" in md
+
+
+# ----------------------------------------------------------------------------- report verdicts
+def _row_with(**sps):
+    from types import SimpleNamespace
+
+    results = {k: SimpleNamespace(samples_per_s=v, max_over_mean=1.5) for k, v in sps.items()}
+    return {"results": results, "safe_bs": 1}
+
+
+def test_verdicts_name_the_faster_method():
+    from bench.paper_comparison import versus_odb
+
+    assert versus_odb(10.0, 11.0, "GMT") == "GMT 10% faster than ODB"
+    assert versus_odb(11.0, 10.0, "GMT") == "ODB 10% faster than GMT"
+    assert versus_odb(10.0, 10.01, "GMT") == "GMT as fast as ODB"
+
+
+def test_sorted_verdict_follows_the_numbers():
+    from bench.paper_comparison import _sorted_note
+
+    paper_like_shuffled = _sorted_note(_row_with(standard=1.0, sorted=2.6, sorted_shuffled=1.0), 1.03)
+    assert "within ±15% of the shuffled variant, not of the in-order one" in paper_like_shuffled
+    neither = _sorted_note(_row_with(standard=1.0, sorted=2.6, sorted_shuffled=2.0), 1.03)
+    assert "Neither variant is within ±15%" in neither and "evidently" not in neither
+    both = _sorted_note(_row_with(standard=1.0, sorted=1.1, sorted_shuffled=1.0), 1.03)
+    assert "Both variants are within ±15%" in both
+
+
+def test_ablation_sentences_are_computed_from_their_rows():
+    from bench.report import lmax_text, window_text
+
+    lmax = [{"workload": "text", "L_max": b, "oom_batches": int(b > 30000), "cap_tokens": 25000}
+            for b in (8192, 32768)]
+    lmax += [{"workload": "image", "L_max": b, "oom_batches": int(b > 20000), "cap_tokens": 25000}
+             for b in (8192, 24576)]
+    text = lmax_text(lmax)
+    assert "text from 32768; image from 24576" in text and "image OOM at or below the cap" in text
+    rows = [{"case": "c", "B": b, "padding_ratio": pad, "samples_per_s": sps}
+            for b, pad, sps in ((64, 0.01, 9.0), (256, 0.02, 10.0), (4096, 0.03, 9.5))]
+    text = window_text(rows)
+    assert "pads more than the largest in 0 of 1 cases" in text and "-5% samples/s" in text

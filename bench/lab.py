@@ -1,0 +1,149 @@
+"""One row of the main table: every method's schedule for a (workload, model, setting), priced.
+
+`Lab` builds each schedule once (and checks its ledger) and reduces it to features once, so
+the settings, calibration and ablations that share a world size share the schedules.
+`evaluate_row` is the unit the report is made of: one workload under one model and setting.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from . import methods as M
+from . import paper
+from .simulate import Features, check_ledger, evaluate, explain, features
+from .step_model import H20_1NODE, H20_2NODES, MODELS, StepModel, build_step_model
+from .workloads import Profile
+
+SETTINGS = {
+    "1n-full": ("1 node · full FT", H20_1NODE, "full"),
+    "1n-lora": ("1 node · LoRA", H20_1NODE, "lora"),
+    "2n-full": ("2 nodes · full FT", H20_2NODES, "full"),
+}
+BUFFER = 256                       # ODB window B (odb_factory's default)
+
+
+def step_model_for(model: str, setting: str, mfu: float) -> StepModel:
+    _, hw, mode = SETTINGS[setting]
+    return build_step_model(MODELS[model], hw, mode, mfu=mfu)
+
+
+class Lab:
+    """Builds each schedule once and its features once; evaluates under any step model."""
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self.schedules: Dict[tuple, Optional[M.Schedule]] = {}
+        self.feats: Dict[tuple, Features] = {}
+
+    def schedule(self, key: tuple, build, n: int) -> Optional[M.Schedule]:
+        """Build once; every schedule passes the ledger check (n samples) before use."""
+        if key not in self.schedules:
+            s = build()
+            if s is not None:
+                check_ledger(s, n)
+            self.schedules[key] = s
+        return self.schedules[key]
+
+    def features(self, key: tuple, p: Profile) -> Optional[Features]:
+        if key not in self.feats:
+            s = self.schedules.get(key)
+            if s is None:
+                return None
+            self.feats[key] = features(s, p)
+        return self.feats[key]
+
+
+def common_schedules(lab: Lab, p: Profile, world: int, only=None) -> Dict[str, tuple]:
+    """Schedules that depend only on the profile and the world size (`only`: a subset)."""
+    seed, b = lab.seed, p.token_budget
+    keys = {}
+
+    def add(name, build):
+        if only is not None and name not in only and name != "odb":
+            return
+        key = (name, p.name, world)
+        lab.schedule(key, build, len(p))
+        keys[name] = key
+
+    add("standard", lambda: M.standard(p, world, 1, seed))
+    add("odb", lambda: M.odb(p, world, b, True, BUFFER, seed))
+    add("odb_nonjoin", lambda: M.odb(p, world, b, False, BUFFER, seed))
+    add("gmt", lambda: M.gmt(p, world, b, seed))
+    add("bmt", lambda: M.bmt(p, world, b, seed))
+    if p.text_only:
+        add("packing", lambda: M.packing(p, world, b, seed))
+    add("peer", lambda: M.peer(p, world, b, BUFFER, seed))
+    if only is not None and "standard_matched" not in only:
+        return keys
+    odb = lab.schedules[keys["odb"]]
+    per_rank_step = len(p) / (odb.micro_steps * world)
+    ga = max(1, round(per_rank_step))
+    add("standard_matched", lambda: M.standard(p, world, 1, seed, accumulation=ga,
+                                               name="standard_matched"))
+    return keys
+
+
+def batch_schedules(lab: Lab, p: Profile, world: int, bs: int, only=None) -> Dict[str, tuple]:
+    """Fixed-batch schedules at the OOM-safe per-device batch `bs`."""
+    seed, keys = lab.seed, {}
+    for name, build in (("sorted", lambda: M.sorted_by_length(p, world, bs)),
+                        ("sorted_shuffled", lambda: M.sorted_shuffled(p, world, bs, seed)),
+                        ("group_by_length", lambda: M.group_by_length(p, world, bs, seed))):
+        if only is not None and name not in only:
+            continue
+        key = (name, p.name, world, bs)
+        lab.schedule(key, build, len(p))
+        keys[name] = key
+    if bs != 1 and (only is None or "standard_safe" in only):
+        key = ("standard_safe", p.name, world, bs)
+        lab.schedule(key, lambda: M.standard(p, world, bs, seed, name="standard_safe"), len(p))
+        keys["standard_safe"] = key
+    return keys
+
+
+def evaluate_row(lab: Lab, p: Profile, model: str, setting: str, mfu: float) -> dict:
+    """Every method on one workload under one model and setting, with the paper's figure and
+    the decomposition that explains the difference (`simulate.explain`) where there is one."""
+    label, hw, mode = SETTINGS[setting]
+    m = step_model_for(model, setting, mfu)
+    world = hw.world
+    bs = max(1, m.safe_batch(int(p.tokens.max()), int(p.patches.max())))
+    keys = {**common_schedules(lab, p, world), **batch_schedules(lab, p, world, bs)}
+    bal_key = ("odb_balanced", p.name, world, model, mode)
+    lab.schedule(bal_key, lambda: M.post_balance(lab.schedules[keys["odb"]], p, m.token_cost,
+                                                 m.cap_tokens, hw.gpus_per_node), len(p))
+    keys["odb_balanced"] = bal_key
+    if not p.text_only:
+        key2 = ("odb_balanced_2stage", p.name, world, model, mode)
+        lab.schedule(key2, lambda: M.Schedule(
+            "odb_balanced_2stage", world, lab.schedules[bal_key].steps,
+            note=lab.schedules[bal_key].note + " + encoder stage",
+            extra={"encoder_balanced": True}), len(p))
+        keys["odb_balanced_2stage"] = key2
+    if not p.text_only:
+        tkey = ("gmt_textcache", p.name, world, m.cap_tokens)
+        if tkey not in lab.schedules:
+            budget, sched = M.tune_text_cache_budget(p, world, p.token_budget, m.fits, M.gmt, lab.seed)
+            if sched is not None:
+                check_ledger(sched, len(p))
+                sched.note = f"text-only cache, budget tuned OOM-free: {budget}"
+            lab.schedules[tkey] = sched
+        keys["gmt_textcache"] = tkey
+    results = {}
+    for name, key in keys.items():
+        f = lab.features(key, p)
+        if f is not None:
+            results[name] = evaluate(f, p, m)
+    fig = paper.figure_for(p.name, model, setting)
+    row = {"workload": p.name, "model": model, "setting": setting, "setting_label": label,
+           "cv": p.cv, "f_s": p.short_fraction, "results": results, "paper": fig, "safe_bs": bs,
+           "ga_matched": lab.schedules[keys["standard_matched"]].accumulation,
+           "fixed_per_step_ms": (m.comm_micro_s + m.comm_opt_s + m.optimizer_s) * 1e3,
+           "comm_per_step_ms": (m.comm_micro_s + m.comm_opt_s) * 1e3,
+           "busbw_GBs": hw.busbw / 1e9,
+           "step_model": m, "notes": [], "keys": keys}
+    if fig is not None:
+        row["explain"] = explain(lab.features(keys["standard"], p), lab.features(keys["odb"], p),
+                                 p, m, fig.odb_speedup, fig.standard_sps)
+    return row
