@@ -19,12 +19,15 @@ venv: $(STAMP)
 
 # The install order matters here (see README, "Installing"): torch first from the pinned
 # releases, torchaudio without its dependencies (LLaMA-Factory imports it; other combinations
-# fail to load its shared library), then the project with its LLaMA-Factory/DeepSpeed extras.
+# fail to load its shared library), then the project with its LLaMA-Factory/DeepSpeed extras,
+# then verl without its dependencies (bench/balance_bench.py's comparator: they exclude our
+# transformers pin and pull in ray; the one verl file it loads needs only torch).
 $(STAMP): setup.cfg constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
 	$(PIP) install -q --no-deps torchaudio==2.11.0
 	$(PIP) install -q -c constraints.txt -e '.[llamafactory,dev,bench]'
+	$(PIP) install -q --no-deps -c constraints.txt verl
 	$(PY) -m odb_factory.install_hook
 	touch $(STAMP)
 

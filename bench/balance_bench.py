@@ -5,7 +5,7 @@
 1. max/LB per stage before/after balancing -- LLM with the padded cost (``balance(mode=
    "padded", cost_model=QWEN3_VL_LLM)``; LB = padding-free lower bound) and with the plain sum
    cost (``lpt``), vision with LPT on ``QWEN3_VL_VISION`` (``plan_vision``) -- on generated
-   multimodal steps and on the demo data (``../shared/data/llamafactory_demo`` beside the repository);
+   multimodal steps and on the demo data (``bench.demo_workload.DEMO_DIR``, optional);
    verl's ``get_seqlen_balanced_partitions`` (Karmarkar-Karp) on the same instances;
 2. planning time per step (lpt / padded / min_move, and verl KK) at 8/16/64 ranks x
    4/16/64 samples per rank;
@@ -19,19 +19,19 @@ images read with PIL and resized as Qwen3-VL does (patch 16, merge 2, <= 768x768
 samples are drawn with replacement per step. Bytes per sample (movement) = 4 x LLM tokens
 for the LLM stage. Averages over seeds (quick: 2, full: 5). Not part of ``make test``.
 
-verl is loaded from ``.cache/verl_pkg`` (``pip install --no-deps --target``); if importing
-``verl.utils.seqlen_balancing`` needs missing deps (ray, tensordict, ...), only that file is
-loaded, with stubs for its three unused package imports, and the stubs are removed again.
+verl is an optional comparator, installed by ``make venv`` with ``--no-deps`` (pinned in
+constraints.txt); only its ``verl/utils/seqlen_balancing.py`` is loaded (see ``load_verl``).
+Without it the verl columns read n/a and the first line says why.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import json
 import math
 import statistics
-import subprocess
 import sys
 import time
 import types
@@ -43,9 +43,8 @@ from odb_factory.balance import QWEN3_VL_LLM, QWEN3_VL_VISION, balance
 from odb_factory.balance.padded import padded_cost
 from odb_factory.balance.vision_plan import local_plan, plan_vision
 
-ROOT = Path(__file__).resolve().parents[1]
-VERL_DIR = ROOT / ".cache" / "verl_pkg"
-DEMO_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "llamafactory_demo"
+from .demo_workload import DEMO_DIR
+
 RPN = 8
 MERGE = 2
 PATCH = 16
@@ -53,58 +52,46 @@ MAX_PIXELS = 768 * 768
 
 
 # ---------------------------------------------------------------- verl comparator ----------
-def load_verl(install: bool = True):
-    """Return (module or None, how/why)."""
-    target = VERL_DIR / "verl" / "utils" / "seqlen_balancing.py"
-    if not target.is_file() and install:
-        try:
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                            str(VERL_DIR), "verl"], check=True, capture_output=True, timeout=300)
-        except Exception as e:  # noqa: BLE001 - report any failure and continue
-            return None, f"pip install failed: {type(e).__name__}: {str(e)[:200]}"
-    if not target.is_file():
-        return None, f"{target} not found"
-    saved_path = list(sys.path)
-    saved_mods = {k: v for k, v in sys.modules.items() if k == "verl" or k.startswith("verl.")}
-    sys.path.append(str(VERL_DIR))
+VERL_NOT_INSTALLED = ("verl is not installed: `make venv` installs it, or `pip install --no-deps "
+                      "-c constraints.txt verl` (without its declared dependencies: they exclude our "
+                      "transformers pin and pull in ray, wandb, ...; the partitioner needs none of them)")
+# verl.utils.seqlen_balancing imports these at module level; the partitioner never uses them.
+_VERL_STUBS = ("verl", "verl.protocol", "verl.utils", "verl.utils.tensordict_utils", "verl.utils.device")
+
+
+def load_verl():
+    """(verl's seqlen_balancing module or None, what was loaded or why not).
+
+    Only that one source file of the installed package is loaded: importing the package pulls
+    in ray, tensordict and more. Its three package imports are stubbed while it loads, and the
+    stubs are removed again. Nothing is installed here."""
     try:
-        try:
-            import verl.utils.seqlen_balancing as mod
-            return mod, f"import verl.utils.seqlen_balancing ({VERL_DIR})"
-        except Exception as e:  # noqa: BLE001
-            reason = f"{type(e).__name__}: {e}"
-        for k in [k for k in sys.modules if k == "verl" or k.startswith("verl.")]:
-            if k not in saved_mods:
-                del sys.modules[k]
-        # Load only the file; stub the package imports it does not use for partitioning.
-        stubs = {
-            "verl": types.ModuleType("verl"),
-            "verl.protocol": types.ModuleType("verl.protocol"),
-            "verl.utils": types.ModuleType("verl.utils"),
-            "verl.utils.tensordict_utils": types.ModuleType("verl.utils.tensordict_utils"),
-            "verl.utils.device": types.ModuleType("verl.utils.device"),
-        }
-        stubs["verl"].__path__ = []
-        stubs["verl.utils"].__path__ = []
-        stubs["verl.protocol"].DataProto = object
-        stubs["verl.utils.device"].get_device_name = lambda: "cpu"
-        old = {k: sys.modules.get(k) for k in stubs}
-        sys.modules.update(stubs)
-        try:
-            spec = importlib.util.spec_from_file_location("_verl_seqlen_balancing", target)
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-        except Exception as e:  # noqa: BLE001
-            return None, f"package import failed ({reason[:120]}); file load failed: {type(e).__name__}: {e}"
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    sys.modules.pop(k, None)
-                else:
-                    sys.modules[k] = v
-        return mod, f"file {target.relative_to(ROOT)} (package import needs: {reason[:80]})"
+        dist = importlib.metadata.distribution("verl")
+    except importlib.metadata.PackageNotFoundError:
+        return None, VERL_NOT_INSTALLED
+    target = Path(dist.locate_file("verl/utils/seqlen_balancing.py"))
+    if not target.is_file():
+        return None, f"verl {dist.version} is installed but has no {target}"
+    stubs = {name: types.ModuleType(name) for name in _VERL_STUBS}
+    stubs["verl"].__path__ = []
+    stubs["verl.utils"].__path__ = []
+    stubs["verl.protocol"].DataProto = object
+    stubs["verl.utils.device"].get_device_name = lambda: "cpu"
+    saved = {name: sys.modules.get(name) for name in stubs}
+    sys.modules.update(stubs)
+    try:
+        spec = importlib.util.spec_from_file_location("_verl_seqlen_balancing", target)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    except Exception as e:  # noqa: BLE001 - report any failure and continue without verl
+        return None, f"loading {target} failed: {type(e).__name__}: {e}"
     finally:
-        sys.path[:] = saved_path
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+    return mod, f"verl {dist.version}, {target.name} loaded on its own"
 
 
 def kk_partition(verl, costs: np.ndarray, m: int, equal: bool) -> list[list[int]] | None:
@@ -136,6 +123,9 @@ def gen_step(rng, m, k):
 
 
 def _resize(h, w):
+    """(1, rows, cols) of patches: the processor's rounding to 32 px under 768x768 pixels.
+    Simpler than bench.workloads.image_grid (no LLaMA-Factory pre-shrink, no minimum size)
+    and kept as it is so that this benchmark's figures stay comparable between runs."""
     f = PATCH * MERGE
     hh, ww = max(f, round(h / f) * f), max(f, round(w / f) * f)
     if hh * ww > MAX_PIXELS:
@@ -243,15 +233,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.balance_bench")
     p.add_argument("--quick", action="store_true", help="fewer seeds/repeats (< 1 min)")
     p.add_argument("--seeds", type=int, default=None)
-    p.add_argument("--no-install", action="store_true", help="do not pip-install verl")
     a = p.parse_args(argv)
     t_start = time.perf_counter()
     seeds = a.seeds or (2 if a.quick else 5)
     reps = 3 if a.quick else 7
 
-    verl, how = load_verl(install=not a.no_install)
+    verl, how = load_verl()
     print("# Balancing benchmark\n")
-    print(f"verl comparator: {how}" if verl is not None else f"verl not importable: {how}")
+    print(f"verl comparator: {how}" if verl is not None else f"verl comparator skipped: {how}")
     print()
 
     # ---- table 1
