@@ -9,8 +9,8 @@ Pipeline per rank (docs/dgap.md has the protocol):
 
 from __future__ import annotations
 
-import logging
 import queue
+import signal
 import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -26,13 +26,30 @@ from ..planning.views import cycling_view, epoch_view
 from .step_rebalancer import StepRebalancer
 from .batch import ODBBatch
 from .collate_stage import CollateJob, PlanSampler
-from .sample_stage import CostedDataset, ViewSampler, identity, in_thread_samples
+from .sample_stage import CostedDataset, ViewSampler, identity, in_thread_samples, named_worker_deaths
 from .metrics import LoaderMetrics
 from .planner_thread import PlannerThread, SampleStore, StepPlan
 from ..comm.channel import SyncChannel
+from ..comm.errors import ODBSyncError
 from ..comm.topology import ranks_per_node
 
-logger = logging.getLogger("odb_factory")
+
+def start_workers(loaders: List[DataLoader]) -> None:
+    """Start the persistent workers now, before any planner thread exists, so later epochs
+    never fork a multi-threaded process.
+
+    torch installs a SIGCHLD handler with its first worker processes, which raises a dead
+    worker's error in the main thread wherever it happens to be (inside the user's step,
+    where nobody can tell the peers). The loader notices dead workers itself where it waits
+    on them, names them and tells the peers, so the handler this call installed is undone
+    (torch's own status check still sees a dead worker within 5 s)."""
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGCHLD) if in_main else None
+    for loader in loaders:
+        for _ in loader:
+            pass
+    if in_main and previous is not None and signal.getsignal(signal.SIGCHLD) is not previous:
+        signal.signal(signal.SIGCHLD, previous)
 
 
 class ODBDataLoader:
@@ -81,6 +98,7 @@ class ODBDataLoader:
         self._consumed_global: Dict[int, int] = {}     # epoch -> samples trained by all ranks
         self._resume: Optional[dict] = None
         self._checked = False
+        self._last_epoch_end: Optional[tuple] = None   # (epoch, last step) of the last iteration
         self._active: Optional[Iterator[ODBBatch]] = None
         self.metrics = LoaderMetrics()
         self._view_sampler = ViewSampler()
@@ -88,12 +106,8 @@ class ODBDataLoader:
         self._sample_loader = self._make_loader(self._costed, self._view_sampler, config.num_workers)
         self._collate_loader = self._make_loader(CollateJob(collate_fn), self._plan_sampler,
                                                  config.num_collate_workers)
-        # Start persistent workers now, before any planner thread exists, so later epochs
-        # never fork a multi-threaded process.
-        for loader in (self._sample_loader, self._collate_loader):
-            if loader is not None:
-                for _ in loader:
-                    pass
+        start_workers([loader for loader in (self._sample_loader, self._collate_loader)
+                       if loader is not None])
 
     def _make_loader(self, dataset, sampler, workers: int) -> Optional[DataLoader]:
         if workers == 0 and dataset is self._costed:
@@ -113,7 +127,10 @@ class ODBDataLoader:
         return self._epoch
 
     def state_dict(self) -> dict:
-        """This rank's resumable state (no collective). Save it per rank."""
+        """This rank's resumable state (no collective). Save it per rank. Right after
+        load_state_dict() it is the restored state, until the loader moves."""
+        if self._resume is not None:
+            return dict(self._resume)
         return {"version": 1, "epoch": self._epoch, "rank": self.rank, "world_size": self.world_size,
                 "consumed": sorted(self._consumed.get(self._epoch, [])),
                 "consumed_global": self._consumed_global.get(self._epoch, 0),
@@ -154,12 +171,29 @@ class ODBDataLoader:
                         "planning options and the same dataset")
         self._checked = True
 
+    def _check_epoch_start(self, epoch: int) -> None:
+        """Every rank starts the same epoch, having left the previous one at the same step.
+        Ranks that broke out at different steps get one error naming both sides, here,
+        instead of a shifted pairing of exchanges."""
+        mine = self._last_epoch_end
+        every = self.sync.all_gather(mine, "epoch start", epoch)
+        for rank, theirs in enumerate(every):
+            if theirs != mine:
+                def ended(end):
+                    return "no earlier iteration" if end is None else f"epoch {end[0]} after step {end[1]}"
+                raise ODBSyncError(
+                    f"ODB ranks left the previous epoch at different points: rank {self.rank} left "
+                    f"{ended(mine)}, rank {rank} left {ended(theirs)}. Every rank must iterate each "
+                    "epoch to the same step (break on all ranks at the same step, or let it end)")
+
     def _restore_epoch(self, epoch: int) -> tuple:
-        """(indices already trained by any rank, samples trained by all ranks) for epoch."""
+        """(indices already trained by any rank, samples trained by all ranks) for epoch.
+        Without a restored state the epoch starts afresh, step count included."""
         state, self._resume = self._resume, None
         if state is None or state["epoch"] != epoch:
             self._consumed[epoch] = []
             self._consumed_global[epoch] = 0
+            self.metrics.epoch_steps[epoch] = 0
             return set(), 0
         every = self.sync.all_gather(state["consumed"], "resume", epoch)
         trained = set().union(*map(set, every))
@@ -172,29 +206,32 @@ class ODBDataLoader:
         cfg = self.config
         if not self._checked:
             self._check_ranks_agree()
+        self._check_epoch_start(epoch)
         trained, trained_count = self._restore_epoch(epoch)
-        view = [i for i in epoch_view(self.num_samples, self.world_size, self.rank, cfg.seed,
-                                      epoch, cfg.shuffle) if i not in trained]
+        full_view = epoch_view(self.num_samples, self.world_size, self.rank, cfg.seed, epoch, cfg.shuffle)
+        view = [i for i in full_view if i not in trained]
         quota = None
         if not cfg.join:
             quota = (cfg.quota or self.num_samples) - trained_count
             if quota <= 0:
                 return  # the epoch's quota was reached before the checkpoint
-            order = cycling_view(view, cfg.seed, epoch, self.rank)
+            # untrained samples first, then repeats of the whole view: a quota above the
+            # dataset size still closes after any number of stops
+            order = cycling_view(full_view, cfg.seed, epoch, self.rank, start=view)
         else:
             order = view
         if self._sample_loader is None:
             samples = in_thread_samples(self._costed, order)
         else:
             self._view_sampler.order = order
-            samples = iter(self._sample_loader)
+            samples = named_worker_deaths(self._sample_loader, "sample", self.rank)
         store = SampleStore(samples)
         planner = RankPlanner(Budget.from_config(cfg), cfg.buffer_size, store.stream(), rank=self.rank,
                               over_budget=cfg.over_budget, quota=quota,
                               shuffle_seed=f"{cfg.seed}:{epoch}")
         plans: "queue.Queue" = queue.Queue(maxsize=cfg.outstanding_depth)
         stop = threading.Event()
-        first = view[0] if view else self.rank % self.num_samples
+        first = full_view[0] if full_view else self.rank % self.num_samples
         thread = PlannerThread(planner, store, self.sync, epoch, cfg.gradient_accumulation_steps,
                                plans, stop, filler=lambda: self.dataset[first],
                                step_offset=self.metrics.epoch_steps.get(epoch, 0),
@@ -207,21 +244,34 @@ class ODBDataLoader:
                 job = CollateJob(self.collate_fn)
                 steps = (job[plan] for plan in self._plan_sampler)
             else:
-                steps = iter(self._collate_loader)
+                steps = named_worker_deaths(self._collate_loader, "collate", self.rank)
+            last_step = -1
             while True:
                 start = time.perf_counter()
                 try:
                     plan, data = next(steps)
                 except StopIteration:
                     break
+                except BaseException as exc:  # this rank's collation or planning failed
+                    thread.leave(last_step, failure=exc)
+                    raise
+                error = thread.error_before(plan.step)
+                if error is not None:  # a failure here or on a peer jumps the queue
+                    thread.leave(last_step)
+                    raise error
+                last_step = plan.step
                 yield self._to_batch(plan, data, time.perf_counter() - start)
         finally:
-            stop.set()
+            self._last_epoch_end = (epoch, last_step)
+            thread.leave(last_step)
             thread.join(timeout=cfg.sync_timeout_s)
             self._plan_sampler.detach()
             if thread.is_alive():
-                logger.warning("ODB planner thread of rank %d did not stop within %.0fs",
-                               self.rank, cfg.sync_timeout_s)
+                # never start another epoch beside a planner still inside this one's exchanges
+                raise ODBSyncError(
+                    f"ODB planner of rank {self.rank}, epoch {epoch}, did not stop within "
+                    f"{cfg.sync_timeout_s:.0f}s (ODBConfig.sync_timeout_s) after the trainer left the "
+                    "epoch: a peer is neither continuing nor leaving; see the other ranks' logs")
 
     def _rebalancer(self) -> Optional[StepRebalancer]:
         cfg = self.config
@@ -253,16 +303,32 @@ class ODBDataLoader:
 
     # ---------------------------------------------------------------- shutdown
     def close(self) -> None:
-        """Stop the current epoch (if any) and shut down all worker processes."""
+        """Stop the current epoch (if any) and shut down all worker processes.
+
+        torch has no public way to stop a persistent-workers DataLoader: this uses its
+        `_iterator` and that iterator's `_shutdown_workers()` (docs/upstream_contract.md), and
+        raises, naming the torch version, if either is missing rather than leave workers running."""
         if self._active is not None:
             self._active.close()
             self._active = None
         for loader in (self._sample_loader, self._collate_loader):
-            iterator = getattr(loader, "_iterator", None) if loader is not None else None
-            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-                iterator._shutdown_workers()
-            if loader is not None:
+            if loader is None:
+                continue
+            if not hasattr(loader, "_iterator"):
+                missing = "DataLoader._iterator"
+            elif loader._iterator is None:
+                continue  # no workers were started
+            elif not hasattr(loader._iterator, "_shutdown_workers"):
+                missing = f"{type(loader._iterator).__name__}._shutdown_workers"
+            else:
+                loader._iterator._shutdown_workers()
                 loader._iterator = None
+                continue
+            import torch
+            raise RuntimeError(
+                f"ODBDataLoader.close() cannot stop its DataLoader worker processes: torch "
+                f"{torch.__version__} has no {missing} (odb-factory relies on it; written for "
+                f"torch 2.14.1, see docs/upstream_contract.md)")
 
     def __del__(self) -> None:
         try:

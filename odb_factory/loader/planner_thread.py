@@ -1,9 +1,13 @@
 """The planner thread: fills the window, groups, aligns, and queues planned steps.
 
 It runs off the training thread and owns the Gloo side channel while an epoch runs (the
-channel is never used from two threads at once). Stopping early (the trainer broke out
-of the loop) is safe: a planner only gives up while blocked on a full queue, and every
-rank's queue fills at the same step, so no rank is left alone inside a collective.
+channel is never used from two threads at once).
+
+Leaving early is announced, never silent: when the trainer stops iterating (`leave()`)
+or this rank's pipeline fails, the planner takes part in the peers' next exchange with a
+`Departure` (unless the protocol is already over), so every peer learns within that
+exchange which rank left, after which step, and why. A peer that keeps iterating past
+that step gets an error naming the rank instead of a hang or a silent mismatch.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from ..comm.channel import SyncChannel
+from ..comm.channel import Departure, PeerDeparted, SyncChannel
+from ..comm.errors import ODBSyncError
 from ..cost import SampleCost
 from ..planning.grouping import PlannedSample
 from ..planning.rounds import RankPlanner, Slot
@@ -86,6 +91,34 @@ class PlannerThread(threading.Thread):
         self.pad_to_window = pad_to_window
         self.rebalancer = rebalancer
         self.filler: Optional[Any] = None
+        self.failure: Optional[BaseException] = None    # this rank's own pipeline failure
+        self.peer_departure: Optional[PeerDeparted] = None
+        self._last_step = -1                             # last step the trainer received
+        self._trainer_failure: Optional[BaseException] = None
+        self._protocol_over = False                      # no exchange left in this epoch
+
+    # ------------------------------------------------------------ the training thread's side
+    def leave(self, last_step: int, failure: Optional[BaseException] = None) -> None:
+        """The trainer stops iterating after `last_step` (because of `failure`, if given)."""
+        self._last_step = last_step
+        if failure is not None and self._trainer_failure is None:
+            self._trainer_failure = failure
+        self.stop.set()
+
+    def error_before(self, step: int) -> Optional[BaseException]:
+        """The error the trainer must raise instead of receiving `step`, if any."""
+        if self.failure is not None:
+            return self.failure
+        departed = self.peer_departure
+        if departed is None:
+            return None
+        if departed.failed:
+            return departed
+        if step > departed.last_step:
+            return PeerDeparted(departed.departures, departed.what, departed.rank, asked_for=step)
+        return None
+
+    # ------------------------------------------------------------ the thread
 
     def run(self) -> None:
         try:
@@ -93,11 +126,48 @@ class PlannerThread(threading.Thread):
             self._put(END_OF_EPOCH)
         except _Stopped:
             pass
-        except BaseException as exc:  # surfaced in the training thread by PlanSampler
-            try:
-                self._put(PlannerFailure(exc))
-            except _Stopped:
-                pass
+        except ODBSyncError as exc:  # the peers saw the same broken exchange
+            self._fail(exc, announce=False)
+        except BaseException as exc:
+            self._fail(exc, announce=True)
+
+    def _fail(self, exc: BaseException, announce: bool) -> None:
+        """Surface `exc` in the training thread at once; tell the peers when only we know."""
+        if isinstance(exc, PeerDeparted):
+            self.peer_departure = exc
+        else:
+            self.failure = exc
+        try:
+            if announce and not self._protocol_over:
+                self.sync.announce_departure(self._departure("failed", exc), "failure notice")
+            self._protocol_over = True
+            self._put(PlannerFailure(exc))
+        except (_Stopped, ODBSyncError):
+            pass
+
+    def _departure(self, reason: str, exc: Optional[BaseException] = None) -> Departure:
+        message = f"{type(exc).__name__}: {exc}" if exc is not None else ""
+        return Departure(self.sync.rank, self.epoch, reason, self._last_step, message)
+
+    def _leave_protocol(self) -> None:
+        """The trainer stopped: announce it in place of our next exchange, then stop."""
+        if not self._protocol_over:
+            self._protocol_over = True
+            failure = self._trainer_failure
+            self.sync.announce_departure(
+                self._departure("failed" if failure else "left", failure), "departure notice")
+        raise _Stopped()
+
+    def _exchange(self, obj: Any, what: str) -> List[Any]:
+        if self.stop.is_set():
+            self._leave_protocol()
+        try:
+            return self.sync.all_gather(obj, what, self.epoch, self.planner.round)
+        except PeerDeparted:
+            if self.stop.is_set():
+                self._protocol_over = True  # we are leaving too
+                raise _Stopped() from None
+            raise
 
     def _put(self, item: Any) -> None:
         while True:
@@ -106,18 +176,18 @@ class PlannerThread(threading.Thread):
                 return
             except queue.Full:
                 if self.stop.is_set():
-                    raise _Stopped()
+                    self._leave_protocol()
 
     def _plan_epoch(self) -> None:
-        planner, sync = self.planner, self.sync
+        planner = self.planner
         window: List[Tuple[Slot, Dict[str, float]]] = []
         while not planner.finished:
             status = planner.begin_round()
-            statuses = sync.all_gather(status, "status", self.epoch, planner.round)
+            statuses = self._exchange(status, "status")
             costs = planner.plan_round(statuses)
             if planner.finished:
                 break
-            every = sync.all_gather(costs, "costs", self.epoch, planner.round)
+            every = self._exchange(costs, "costs")
             result = planner.close_round(every)
             slots, stats = result.slots, result.stats
             round_stats = {"groups_per_round": float(stats.target), "splits": float(stats.splits),
@@ -131,6 +201,8 @@ class PlannerThread(threading.Thread):
                 self.store.payloads.update(moved.received)
                 slots = moved.slots
                 round_stats.update(moved.metrics)
+            if planner.finished:
+                self._protocol_over = True  # the rest is emitting; no exchange follows
             for slot in slots:
                 window.append((slot, round_stats))
                 round_stats = {}  # count round-level figures once, on the round's first step
@@ -142,6 +214,7 @@ class PlannerThread(threading.Thread):
             # every-N-micro-steps optimizer step also covers the epoch's last samples.
             while len(window) < self.accumulation:
                 window.append((Slot((), planner.round, len(window), 0, 0, 0), {}))
+        self._protocol_over = True
         if window:
             self._emit(window)
         self.store.payloads.clear()

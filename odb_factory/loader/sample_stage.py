@@ -51,3 +51,19 @@ def in_thread_samples(dataset: CostedDataset, order: Iterable[int]) -> Iterator[
     """num_workers=0: run the per-sample pipeline in the planner thread."""
     for index in order:
         yield dataset[index]
+
+
+def named_worker_deaths(loader: Any, role: str, rank: int) -> Iterator[Any]:
+    """Iterate `loader`; a worker process that died is reported as such ("sample worker
+    pid N on rank r was killed by signal 9"), not as a bare connection error."""
+    iterator = iter(loader)
+    try:
+        yield from iterator
+    except (RuntimeError, ConnectionError, EOFError) as exc:
+        dead = [w for w in getattr(iterator, "_workers", []) if w.exitcode not in (None, 0)]
+        if not dead:
+            raise
+        how = ", ".join(f"pid {w.pid} " + (f"was killed by signal {-w.exitcode}" if w.exitcode < 0
+                                          else f"exited with code {w.exitcode}") for w in dead)
+        raise RuntimeError(f"{role} worker {how} on rank {rank} (a crash or the out-of-memory "
+                           f"killer; the dataset pipeline may need less memory per worker)") from exc

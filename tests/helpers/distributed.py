@@ -36,11 +36,12 @@ def _entry(fn, rank, world, port, out_dir, args):
 
 
 def run_world(fn: Callable, world: int, *args, timeout: float = 300.0,
-              expect_errors: bool = False) -> List[Any]:
+              expect_errors: bool = False, expect_dead: bool = False) -> List[Any]:
     """fn(rank, world, *args) on `world` fresh processes (spawned, like torchrun's: forking
     the test process, which holds library threads, can deadlock the child); returns the
     per-rank results. A rank that raised yields ("error", text) when expect_errors, else
-    the test fails."""
+    the test fails; a rank that died without a result yields ("died", exit code) when
+    expect_dead, else the test fails. A rank still running after `timeout` fails the test."""
     ctx = mp.get_context("spawn")
     port = free_port()
     with tempfile.TemporaryDirectory() as out_dir:
@@ -59,6 +60,9 @@ def run_world(fn: Callable, world: int, *args, timeout: float = 300.0,
         results = []
         for r in range(world):
             path = Path(out_dir, f"rank{r}.pkl")
+            if not path.exists() and expect_dead:
+                results.append(("died", procs[r].exitcode))
+                continue
             if not path.exists():
                 raise AssertionError(f"rank {r} died without a result (exit code {procs[r].exitcode})")
             status, value = pickle.loads(path.read_bytes())

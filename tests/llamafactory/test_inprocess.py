@@ -94,8 +94,10 @@ def test_lazy_equals_eager_on_real_demo_data(lf, tmp_path, tiny_model):
 
 @pytest.mark.parametrize("change,message", [
     ({"odb_token_budgte": 10}, "did you mean 'odb_token_budget'"),
-    ({"odb_token_budget": 0}, "odb_token_budget must be a positive integer"),
-    ({"odb_balance_mode": "greedy"}, "odb_balance_mode: 'greedy' is not one of"),
+    ({"odb_token_budget": 0}, "ODBConfig.token_budget (YAML key odb_token_budget) must be >= 1, got 0"),
+    ({"odb_token_budget": "4k"}, "odb_token_budget: '4k' is not an integer"),
+    ({"odb_enable": "ture"}, "odb_enable: 'ture' is not a boolean"),
+    ({"odb_balance_mode": "greedy"}, "(YAML key odb_balance_mode) must be one of ['padded', 'lpt', 'min_move'], got 'greedy'"),
     ({"stage": "dpo"}, "odb_* options apply to stage ['sft']"),
     ({"packing": True}, "packing/neat_packing"),
     ({"use_dft_loss": True}, "use_dft_loss"),
@@ -103,7 +105,7 @@ def test_lazy_equals_eager_on_real_demo_data(lf, tmp_path, tiny_model):
     ({"accelerator_config": {"dispatch_batches": True}}, "dispatch_batches"),
 ])
 def test_bad_odb_settings_are_named(lf, tmp_path, tiny_model, demo_data, change, message):
-    config = base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, **change)
+    config = base_yaml(tiny_model, demo_data, tmp_path / "out", **{"odb_enable": True, **change})
     with pytest.raises(ValueError) as info:
         lf[0](config)
     assert message in str(info.value)
@@ -127,7 +129,7 @@ def test_command_line_overrides_reach_odb(lf, tmp_path, tiny_model, demo_data, m
     path.write_text(yaml.safe_dump(base_yaml(tiny_model, demo_data, tmp_path / "o", odb_enable=True)))
     monkeypatch.setattr(sys, "argv", ["x", str(path), "odb_token_budget=8192", "odb_join=false"])
     lf[0](read_args())
-    assert state.current.odb_token_budget == 8192 and state.current.odb_join is False
+    assert state.current.config.token_budget == 8192 and state.current.config.join is False
 
 
 def test_hook_costs_nothing_in_other_processes():

@@ -44,7 +44,7 @@ def test_balanced_steps_keep_coverage_and_tokens(world, mode):
     for k in range(len(results[0])):
         row = [r[k] for r in results]
         assert len({s["global"] for s in row}) == 1
-        assert sum(s["label_tokens"] for s in row) <= row[0]["global"]
+        assert sum(s["label_tokens"] for s in row) == row[0]["global"]  # accumulation 1
         if "balance_max_over_lb" in row[0]["metrics"]:
             before.append(row[0]["metrics"]["balance_max_over_lb_before"])
             after.append(row[0]["metrics"]["balance_max_over_lb"])

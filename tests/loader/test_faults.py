@@ -1,0 +1,270 @@
+"""Fault injection: a failure on one rank reaches every rank at once, named; ranks that leave
+an epoch at different steps get an error, never a silent mismatch; resume keeps its
+promises. Every world has a hard deadline (run_world's timeout), so a hang fails the test."""
+
+from __future__ import annotations
+
+import pickle
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.distributed import run_world
+
+N = 120
+TIMEOUT = 20.0   # ODBConfig.sync_timeout_s in these worlds: an error must come well before it
+
+
+def _loader(rank, workers=0, collate_workers=0, dataset=None, **cfg):
+    from odb_factory import ODBConfig, ODBDataLoader
+    from odb_factory.synthetic import LengthDataset, long_tail_lengths, pad_collate
+    ds = dataset or LengthDataset(long_tail_lengths(N, cv=1.0, mean=40, seed=3, maximum=300))
+    config = ODBConfig(**{"token_budget": 256, "buffer_size": 8, "outstanding_depth": 2,
+                          "sync_timeout_s": TIMEOUT, **cfg})
+    return ODBDataLoader(ds, config, collate_fn=pad_collate, num_workers=workers,
+                         num_collate_workers=collate_workers)
+
+
+class FailingDataset:
+    """Sample `bad` raises (as a broken image would)."""
+
+    def __init__(self, bad: int):
+        from odb_factory.synthetic import LengthDataset, long_tail_lengths
+        self.inner = LengthDataset(long_tail_lengths(N, cv=1.0, mean=40, seed=3, maximum=300))
+        self.bad = bad
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, index):
+        if index == self.bad:
+            raise ValueError(f"cannot decode image of sample {index}")
+        return self.inner[index]
+
+
+def _bad_index_of(rank, world):
+    from odb_factory.planning.views import epoch_view
+    return epoch_view(N, world, rank, 0, 0)[30]   # late enough that training is under way
+
+
+def _timed_epoch(loader, rank, failing_rank, stay_alive_s=0.0):
+    """Iterate; return (error text or None, wall-clock time of the error or of the end)."""
+    try:
+        for _ in loader:
+            pass
+    except Exception as exc:
+        text, at = f"{type(exc).__name__}: {exc}", time.time()
+        if rank == failing_rank and stay_alive_s:
+            time.sleep(stay_alive_s)      # e.g. writing an emergency checkpoint
+        return text, at
+    return None, time.time()
+
+
+def _dataset_fails(rank, world, failing_rank, workers, stay_alive_s, balance):
+    bad = _bad_index_of(failing_rank, world)
+    loader = _loader(rank, workers=workers, dataset=FailingDataset(bad), balance=balance)
+    return _timed_epoch(loader, rank, failing_rank, stay_alive_s)
+
+
+@pytest.mark.parametrize("world,workers,stay_alive_s,balance", [
+    (2, 0, 0.0, False),      # the failing process ends at once
+    (2, 1, 15.0, False),     # it stays alive (an emergency checkpoint): peers must not wait for it
+    (3, 0, 15.0, True),      # 3 ranks, with post-balancing
+])
+def test_dataset_error_on_one_rank_reaches_every_rank(world, workers, stay_alive_s, balance):
+    failing = world - 1
+    results = run_world(_dataset_fails, world, failing, workers, stay_alive_s, balance, timeout=120)
+    times = {}
+    for rank, (text, at) in enumerate(results):
+        assert text is not None, f"rank {rank} finished the epoch although rank {failing} failed"
+        assert f"cannot decode image of sample {_bad_index_of(failing, world)}" in text, text
+        if rank != failing:
+            assert f"rank {failing} failed in epoch 0" in text, text
+        times[rank] = at
+    spread = max(times.values()) - min(times.values())
+    assert spread < 10.0, f"errors reached the ranks {spread:.1f}s apart: {times}"
+
+
+def _worker_killed(rank, world, role):
+    """Rank 1 kills one of its own workers at step 3; returns (error, wall time of the
+    error, wall time of the kill)."""
+    import os
+    import signal
+    loader = _loader(rank, workers=1, collate_workers=1)
+    killed_at = None
+    try:
+        for step in loader:
+            if rank == 1 and step.step == 3:
+                source = loader._sample_loader if role == "sample" else loader._collate_loader
+                killed_at = time.time()
+                os.kill(source._iterator._workers[0].pid, signal.SIGKILL)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}", time.time(), killed_at
+    return None, time.time(), killed_at
+
+
+@pytest.mark.parametrize("role", ["sample", "collate"])
+def test_killed_worker_is_named_and_reaches_the_peer(role):
+    (peer_text, peer_at, _), (text, own_at, killed_at) = run_world(_worker_killed, 2, role, timeout=120)
+    assert text is not None and "killed by signal" in text, text
+    assert peer_text is not None, "the peer finished the epoch although rank 1 lost a worker"
+    assert "rank 1" in peer_text, peer_text
+    for at in (peer_at, own_at):
+        assert at - killed_at < TIMEOUT / 2, f"an error came {at - killed_at:.1f}s after the kill"
+
+
+def _rank_exits(rank, world):
+    import os
+    loader = _loader(rank)
+    start = time.monotonic()
+    try:
+        for step in loader:
+            if rank == 1 and step.step == 3:
+                os._exit(3)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}", time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+def test_a_rank_that_exits_fails_its_peer_quickly():
+    (status, (text, seconds)), dead = run_world(_rank_exits, 2, timeout=120, expect_dead=True,
+                                                expect_errors=True)
+    assert dead == ("died", 3)
+    assert status == "ok" and text is not None and "ODBSyncError" in text, text
+    assert seconds < TIMEOUT, f"the peer learned after {seconds:.1f}s"
+
+
+def _break_then_continue(rank, world, break_at):
+    """Leave epoch 0 after step break_at[rank] (errors caught, as a trainer that goes on
+    would), then run epoch 1. Returns what happened in each epoch."""
+    loader = _loader(rank)
+    outcome = []
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        steps, start = [], time.monotonic()
+        try:
+            for step in loader:
+                steps.append(step.step)
+                if epoch == 0 and step.step == break_at[rank]:
+                    break
+            outcome.append(("ok", steps))
+        except Exception as exc:
+            outcome.append((f"{type(exc).__name__}: {exc}", time.monotonic() - start, steps))
+    return outcome
+
+
+def test_ranks_breaking_at_different_steps_get_an_error_not_a_mismatch():
+    (zero, one) = run_world(_break_then_continue, 2, {0: 6, 1: 3}, timeout=120)
+    assert one[0] == ("ok", [0, 1, 2, 3])
+    if zero[0][0] == "ok":
+        assert zero[0][1] == list(range(7))    # past rank 1's last step before it could know
+        zero_last = 6
+    else:
+        # rank 0 learned from rank 1's departure notice and stopped, naming it
+        text, seconds, steps = zero[0]
+        assert "rank 1 stopped iterating epoch 0 after step 3" in text and seconds < TIMEOUT, text
+        zero_last = steps[-1]
+    if zero_last == 3:
+        # both left after step 3: the next epoch is correct on both ranks
+        assert zero[1][0] == one[1][0] == "ok" and zero[1][1] == one[1][1]
+    else:
+        # the next epoch refuses to start on both ranks, naming both sides
+        for text, seconds, _ in (zero[1], one[1]):
+            assert "left the previous epoch at different points" in text, text
+            assert f"epoch 0 after step {zero_last}" in text and "epoch 0 after step 3" in text, text
+            assert seconds < TIMEOUT
+
+
+def test_ranks_breaking_at_the_same_step_continue_correctly():
+    zero, one = run_world(_break_then_continue, 2, {0: 4, 1: 4}, timeout=120)
+    assert zero == one
+    assert zero[0] == ("ok", [0, 1, 2, 3, 4]) and zero[1][0] == "ok" and zero[1][1][0] == 0
+
+
+def _mismatched_option(rank, world, field, values):
+    loader = _loader(rank, **{field: values[rank]})
+    try:
+        list(loader)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@pytest.mark.parametrize("field,values", [("outstanding_depth", (2, 16)),
+                                          ("pad_epoch_to_accumulation", (True, False))])
+def test_options_that_change_planning_must_agree(field, values):
+    results = run_world(_mismatched_option, 2, field, values, timeout=120)
+    for text in results:
+        assert text is not None and f"ODB option '{field}' differs between rank" in text, text
+
+
+def _quota_over_dataset(rank, world, quota, stops, state_dir):
+    """Train a non-join epoch of `quota` samples (more than the dataset) in len(stops)+1
+    pieces, each in a fresh loader restored from the previous piece's state."""
+    from odb_factory import ODBConfig, ODBDataLoader
+    from odb_factory.synthetic import LengthDataset, long_tail_lengths, pad_collate
+    trained, state = 0, None
+    for piece in range(len(stops) + 1):
+        ds = LengthDataset(long_tail_lengths(40, cv=1.0, mean=40, seed=9, maximum=200))
+        loader = ODBDataLoader(ds, ODBConfig(token_budget=256, join=False, quota=quota, buffer_size=8,
+                                             outstanding_depth=2, sync_timeout_s=TIMEOUT),
+                               collate_fn=pad_collate)
+        if state is not None:
+            loader.load_state_dict(state)
+        for step in loader:
+            trained += len(step.indices)
+            if piece < len(stops) and step.step == stops[piece]:
+                break
+        state = loader.state_dict()
+        loader.close()
+    return trained
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_nonjoin_quota_above_dataset_size_closes_across_stops(tmp_path, world):
+    quota = 150   # dataset of 40
+    trained = run_world(_quota_over_dataset, world, quota, [5, 12], str(tmp_path), timeout=180)
+    assert sum(trained) == quota
+
+
+def _state_right_after_load(rank, world, state_dir):
+    first = _loader(rank)
+    indices = []
+    for step in first:
+        indices += step.indices
+        if step.step == 4:
+            break
+    state = first.state_dict()
+    first.close()
+    second = _loader(rank)
+    second.load_state_dict(pickle.loads(pickle.dumps(state)))
+    again = second.state_dict()            # a checkpoint written before the first resumed step
+    second.close()
+    third = _loader(rank)
+    third.load_state_dict(again)
+    rest = [i for step in third for i in step.indices]
+    third.close()
+    return state == again, indices, rest
+
+
+def test_state_dict_right_after_load_keeps_the_progress(tmp_path):
+    results = run_world(_state_right_after_load, 2, str(tmp_path), timeout=120)
+    assert all(same for same, _, _ in results)
+    before = [i for _, b, _ in results for i in b]
+    after = [i for _, _, a in results for i in a]
+    assert not set(before) & set(after)
+    assert sorted(before + after) == list(range(N))
+
+
+def _reiterate(rank, world):
+    loader = _loader(rank)
+    for step in loader:
+        if step.step == 4:
+            break
+    return [step.step for step in loader]   # the same epoch again, from its start
+
+
+def test_reiterating_an_epoch_counts_steps_from_zero():
+    results = run_world(_reiterate, 2, timeout=120)
+    assert results[0] == results[1] == list(range(len(results[0])))
