@@ -65,9 +65,8 @@ def versus_odb(odb_sps: float, other_sps: float, other: str) -> str:
     ratio = odb_sps / other_sps
     if abs(ratio - 1) < 0.005:
         return f"{other} as fast as ODB"
-    if ratio < 1:
-        return f"{other} {1 / ratio - 1:.0%} faster than ODB"
-    return f"ODB {ratio - 1:.0%} faster than {other}"
+    faster, slower, x = ("ODB", other, ratio) if ratio > 1 else (other, "ODB", 1 / ratio)
+    return f"{faster} {x:.2f}× as fast as {slower}" if x >= 2 else f"{faster} {x - 1:.0%} faster than {slower}"
 
 
 def _position(x: float, lo: float, hi: float) -> str:

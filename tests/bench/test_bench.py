@@ -309,6 +309,7 @@ def test_verdicts_name_the_faster_method():
     assert versus_odb(10.0, 11.0, "GMT") == "GMT 10% faster than ODB"
     assert versus_odb(11.0, 10.0, "GMT") == "ODB 10% faster than GMT"
     assert versus_odb(10.0, 10.01, "GMT") == "GMT as fast as ODB"
+    assert versus_odb(20.1, 10.0, "GMT") == "ODB 2.01× as fast as GMT"
 
 
 def test_sorted_verdict_follows_the_numbers():
