@@ -57,8 +57,6 @@ class ODBTrainerMixin:
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        from odb_factory_patches import torch_serialization
-        torch_serialization.apply()  # resuming CPU multi-process runs (see that file)
         self._odb = state.active()
         self._odb_train_loader: Optional[TrainLoader] = None
         if self._odb.config.loss_scaling == "exact":

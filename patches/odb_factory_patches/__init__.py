@@ -1,6 +1,7 @@
 """Patches to third-party packages, one file per patched target (installed as the
 `odb_factory_patches` package). Each file names the upstream version it was written for;
-`apply()` refuses unsupported versions with a clear message.
+`apply()` refuses unsupported versions, and upstream code that breaks the contract in
+`upstream_contract.py` (docs/upstream_contract.md), with a clear message.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ logger = logging.getLogger("odb_factory")
 
 LLAMAFACTORY_VERSIONS = ("0.9.5",)
 TRANSFORMERS_RANGE = ("5.6.0", "5.6.0")  # inclusive; the 4.57 Trainer has other hook signatures
+TORCH_VERSIONS = ("2.14.1",)  # torch_serialization (the CPU-resume fix)
 
 _applied = False
 
@@ -32,15 +34,25 @@ def unsupported_reason() -> str | None:
     return None
 
 
+def cpu_resume_unsupported_reason() -> str | None:
+    import torch
+    if torch.__version__.split("+")[0] not in TORCH_VERSIONS:
+        return (f"it was written for torch {', '.join(TORCH_VERSIONS)}; "
+                f"torch {torch.__version__} is installed")
+    from . import upstream_contract
+    return upstream_contract.reason(gates=("cpu_resume",))
+
+
 def apply() -> None:
-    """Install every patch once. With an unsupported version only the argument guard is
-    installed: YAML files with odb_* keys then fail with the reason, others run as upstream."""
+    """Install every patch once. With an unsupported version, or upstream code that breaks
+    the contract, only the argument guard is installed: YAML files with odb_* keys then fail
+    with the reason, others run as upstream."""
     global _applied
     if _applied:
         return
     _applied = True
-    from . import llamafactory_hparams_parser
-    reason = unsupported_reason()
+    from . import llamafactory_hparams_parser, upstream_contract
+    reason = unsupported_reason() or upstream_contract.reason(gates=("odb",))
     llamafactory_hparams_parser.apply(unsupported=reason)
     if reason is not None:
         logger.warning("odb-factory patches not applied: %s", reason)
@@ -48,3 +60,11 @@ def apply() -> None:
     from . import llamafactory_data_loader, llamafactory_sft_workflow
     llamafactory_data_loader.apply()
     llamafactory_sft_workflow.apply()
+    cpu_resume = cpu_resume_unsupported_reason()
+    if cpu_resume is not None:
+        logger.warning("odb-factory's CPU-resume fix (torch_serialization) is not installed, so "
+                       "resuming a multi-process CPU run fails with \"don't know how to restore data "
+                       "location ... cpu:0\": %s", cpu_resume)
+        return
+    from . import torch_serialization
+    torch_serialization.apply()

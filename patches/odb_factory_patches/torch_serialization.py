@@ -4,8 +4,9 @@ On CPU, multi-process runs have `args.device == cpu:<rank>`, and HF's resume loa
 optimizer.pt with `map_location=args.device`; torch's CPU deserializer accepts only the
 plain "cpu" tag, so resuming any CPU DDP run fails with "don't know how to restore data
 location ... (tagged with cpu:0)". This registers a deserializer for "cpu:<n>" tags that
-keeps the storage on the CPU. Installed by the ODB trainer only (runs without odb_* keys
-stay exactly upstream).
+keeps the storage on the CPU. Installed by `odb_factory_patches.apply()` on torch 2.14.1
+(another version gets a warning instead); it only turns that load error into a CPU load, so
+every other save and load is unchanged.
 """
 
 from __future__ import annotations
