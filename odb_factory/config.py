@@ -17,7 +17,8 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 
 COST_MODES = ("padded", "packed")
 OVER_BUDGET_POLICIES = ("singleton", "error")
-LOSS_SCALINGS = ("exact", "none")
+LOSS_SCALINGS = ("exact", "micro_mean", "standard", "none")
+STEP_MODES = ("groups", "samples")
 BALANCE_MODES = ("padded", "lpt", "min_move")
 START_METHODS = (None, "fork", "spawn", "forkserver")
 LF_PREFIX = "odb_"
@@ -50,6 +51,17 @@ def option(default: Any = _NOT_SET, doc: str = "", *, agree: bool, lf_key: Optio
 class ODBConfig:
     """Configuration of Online Dynamic Batching (one field per option; see `option`)."""
 
+    step_mode: str = option(
+        "groups", "`samples`: every optimizer step trains exactly the fixed-batch run's samples "
+        "(the same steps, schedule and loss), packed into as few token-budgeted micro-batches "
+        "as the budget allows; `groups`: `gradient_accumulation_steps` budget-filled groups per "
+        "optimizer step (the paper's; fewer, larger optimizer steps). With LLaMA-Factory "
+        "`samples`: a recipe's learning rate keeps its meaning.", agree=True, choices=STEP_MODES,
+        lf_key="step", lf_default="samples")
+    standard_batch_size: int = option(
+        1, "`samples` mode without a trainer's own sampler: per-rank batch size of the fixed-batch "
+        "run whose steps are reproduced.", agree=True, minimum=1, lf_key=None,
+        lf_source="`per_device_train_batch_size` (through the Trainer's own sampler)")
     token_budget: int = option(
         4096, "`L_max`: tokens of one group (micro-batch) per rank. A group costs "
         "`n·roundup(max_len)` (padded) or `Σ len` (packed); larger budgets mean fewer, fuller "
@@ -61,9 +73,12 @@ class ODBConfig:
     quota: Optional[int] = option(
         None, "Samples per epoch in non-join mode (none: the dataset size).", agree=True, minimum=1)
     loss_scaling: str = option(
-        "exact", "`exact`: `loss_scale` makes DDP's gradient average the gradient of the global "
-        "per-token mean over ranks and the accumulation window; `none`: `loss_scale` = 1 (e.g. "
-        "to keep LLaMA-Factory's dft/eaft/asft losses).", agree=True, choices=LOSS_SCALINGS)
+        "exact", "`exact`: the global per-token mean over ranks and the optimizer step (the "
+        "paper's); `micro_mean` (`samples` mode): each fixed-batch micro-batch's token mean, "
+        "averaged, as LLaMA-Factory computes it for VLMs; `standard` (LLaMA-Factory): whatever "
+        "the fixed-batch run computes for this model; `none`: `loss_scale` = 1 (keeps "
+        "LLaMA-Factory's dft/eaft/asft losses; `groups` mode only).", agree=True,
+        choices=LOSS_SCALINGS, lf_default="standard")
     gradient_accumulation_steps: int = option(
         1, "Micro-steps per optimizer step; the exact loss normalises over the whole window.",
         agree=True, minimum=1, lf_key=None, lf_source="`gradient_accumulation_steps`")
@@ -169,6 +184,21 @@ class ODBConfig:
         if not self.sync_timeout_s > 0:
             raise ValueError(f"{option_name('sync_timeout_s')} must be > 0 seconds, got "
                              f"{self.sync_timeout_s!r}")
+        if self.step_mode == "samples":
+            if self.loss_scaling == "none":
+                raise ValueError(f"{option_name('loss_scaling')} 'none' cannot keep the fixed-batch "
+                                 f"run's loss in {option_name('step_mode')} 'samples'; use 'groups'")
+            if not self.join:
+                raise ValueError(f"{option_name('join')} false has no meaning with "
+                                 f"{option_name('step_mode')} 'samples' (every step trains exactly "
+                                 "the fixed-batch run's samples); use step_mode 'groups'")
+            if self.balance:
+                raise ValueError(f"{option_name('balance')} (post-balancing in the loader) is not "
+                                 f"available with {option_name('step_mode')} 'samples' yet; use "
+                                 "step_mode 'groups' or balance false")
+        elif self.loss_scaling == "micro_mean":
+            raise ValueError(f"{option_name('loss_scaling')} 'micro_mean' needs the fixed-batch "
+                             f"run's micro-batches: set {option_name('step_mode')} 'samples'")
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -183,7 +213,10 @@ class ODBConfig:
 
     def planning_fields(self) -> dict:
         """The options every rank must share (declared with agree=True)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["agree"]}
+        # lists, not tuples: a checkpoint's JSON copy must compare equal to this
+        return {f.name: list(value) if isinstance(value, tuple) else value
+                for f in dataclasses.fields(self) if f.metadata["agree"]
+                for value in (getattr(self, f.name),)}
 
 
 def option_name(name: str) -> str:

@@ -29,3 +29,24 @@ def scaled_loss(step, logits: torch.Tensor, labels: torch.Tensor, ignore_index: 
                 shift: bool = True) -> torch.Tensor:
     """The loss to call backward() on for one ODBBatch under DDP gradient averaging."""
     return token_mean_loss(logits, labels, ignore_index, shift) * step.loss_scale
+
+
+def weighted_loss(step, logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100,
+                  shift: bool = True) -> torch.Tensor:
+    """`step_mode="samples"`: Σ over rows of (summed token losses × the row's sample weight).
+    Under DDP's gradient average this is the fixed-batch run's loss for the same samples."""
+    weights = torch.as_tensor(step.sample_weights, dtype=torch.float64 if logits.dtype == torch.float64
+                              else torch.float32, device=logits.device)
+    if step.is_idle or weights.numel() == 0:
+        return logits.sum() * 0.0  # keeps the graph (and DDP's collectives) of an IDLE step
+    return weighted_token_sum(logits, labels, weights, ignore_index, shift)
+
+
+def weighted_token_sum(logits: torch.Tensor, labels: torch.Tensor, row_weights: torch.Tensor,
+                       ignore_index: int = -100, shift: bool = True) -> torch.Tensor:
+    """Σ_rows row_weights[r] · Σ_tokens CE over the supervised tokens of row r."""
+    if shift:
+        logits, labels = logits[..., :-1, :], labels[..., 1:]
+    per_token = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
+                                ignore_index=ignore_index, reduction="none").view(labels.shape)
+    return (per_token.sum(dim=-1) * row_weights.to(per_token.dtype)).sum()

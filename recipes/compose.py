@@ -56,6 +56,11 @@ RECIPES: dict[str, Recipe] = {
         "Qwen3-VL-8B full SFT on ShareGPT-4o with ODB (join), ZeRO-2, bf16: the paper's setup.",
         _8B + ("data/sharegpt4o", "method/odb_join", "deepspeed/ds_z2.json"),
         {"odb_token_budget": 14336, "output_dir": "runs/qwen3vl_8b_odb"}),
+    "qwen3vl_8b_odb_samples.yaml": Recipe(
+        "Qwen3-VL-8B full SFT on ShareGPT-4o with ODB keeping the fixed-batch optimizer steps "
+        "(batch 1 x accumulation 8 per GPU, the same model as Standard), ZeRO-2, bf16.",
+        _8B + ("data/sharegpt4o", "method/odb_samples", "deepspeed/ds_z2.json"),
+        {"odb_token_budget": 14336, "output_dir": "runs/qwen3vl_8b_odb_samples"}),
     "qwen3vl_8b_odb_nonjoin.yaml": Recipe(
         "As qwen3vl_8b_odb, non-join mode (equal sample quota per rank, no idle slots).",
         _8B + ("data/sharegpt4o", "method/odb_join", "method/odb_nonjoin", "deepspeed/ds_z2.json"),
@@ -95,6 +100,12 @@ RECIPES: dict[str, Recipe] = {
         "Tiny random Qwen3-VL on the generated demo set, ODB (join), CPU.",
         _TINY + ("method/odb_join",),
         {**_TINY_ODB, "output_dir": ".cache/runs/qwen3vl_tiny_odb"}, run=CPU_1),
+    "tiny/qwen3vl_tiny_odb_samples.yaml": Recipe(
+        "Tiny random Qwen3-VL on the generated demo set, ODB keeping the fixed-batch steps "
+        "(batch 1 x accumulation 4), CPU.",
+        _TINY + ("method/odb_samples",),
+        {**_TINY_ODB, "gradient_accumulation_steps": 4,
+         "output_dir": ".cache/runs/qwen3vl_tiny_odb_samples"}, run=CPU_2),
     "tiny/qwen3vl_tiny_odb_nonjoin.yaml": Recipe(
         "Tiny random Qwen3-VL on the generated demo set, ODB (non-join), CPU.",
         _TINY + ("method/odb_join", "method/odb_nonjoin"),

@@ -43,12 +43,15 @@ class ODBRunOptions:
 
     adapter: AdapterOptions
     config: ODBConfig
+    vision_stage: bool = False     # balance the vision encoder stage inside the model
 
     def value_of(self, key: str) -> Any:
         """The parsed value of YAML key `key` (e.g. "odb_token_budget")."""
         name = key[len(LF_PREFIX):]
         if name in ADAPTER_KEYS:
             return getattr(self.adapter, name)
+        if name == "balance":
+            return self.config.balance or self.vision_stage
         return getattr(self.config, lf_keys()[name])
 
 
@@ -81,9 +84,27 @@ def parse_odb_arguments(values: Mapping[str, Any]) -> ODBRunOptions:
         else:
             engine_values[by_key[name]] = value
     adapter = typed_dataclass(AdapterOptions, adapter_values, prefix=LF_PREFIX)
-    config = typed_dataclass(ODBConfig, engine_values, base=lf_defaults(),
-                             key_of={field: LF_PREFIX + key for key, field in by_key.items()})
-    return ODBRunOptions(adapter, config)
+    key_of = {field: LF_PREFIX + key for key, field in by_key.items()}
+    # odb_balance turns balancing on; the stages say where: the loader's sample exchange
+    # (the engine's `balance`) for `llm`, the model's encoder for `vision`.
+    requested = typed_dataclass(ODBConfig, {"balance": engine_values.pop("balance", False)},
+                                key_of=key_of).balance
+    engine_values["balance"] = requested and "llm" in adapter.balance_stages
+    config = typed_dataclass(ODBConfig, engine_values, base=lf_defaults(), key_of=key_of)
+    return ODBRunOptions(adapter, config, vision_stage=requested and "vision" in adapter.balance_stages)
+
+
+def hand_accumulation_to_odb(odb: ODBRunOptions, raw: Mapping[str, Any]) -> Dict[str, Any]:
+    """Samples mode: ODB runs a variable number of micro-batches per optimizer step, handed to
+    HF as one item, so HF (and DeepSpeed) must accumulate over 1; the recipe's
+    `gradient_accumulation_steps` becomes the fixed-batch run ODB reproduces. Set before
+    LLaMA-Factory builds TrainingArguments (a DeepSpeed config filled from them must agree)."""
+    if odb.config.step_mode != "samples":
+        return dict(raw)
+    accumulation = typed_dataclass(ODBConfig, {"gradient_accumulation_steps":
+                                               raw.get("gradient_accumulation_steps", 1)}).gradient_accumulation_steps
+    odb.config = dataclasses.replace(odb.config, gradient_accumulation_steps=accumulation)
+    return dict(raw, gradient_accumulation_steps=1)
 
 
 def check_compatible(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
@@ -100,9 +121,10 @@ def check_compatible(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
         problems.append("packing/neat_packing: ODB forms token-budgeted groups itself (packing would "
                         "re-batch its groups, and packing has open bugs with Qwen3-VL); set packing: false")
     for loss in ("use_dft_loss", "use_eaft_loss", "use_asft_loss"):
-        if raw.get(loss) and odb.config.loss_scaling == "exact":
-            problems.append(f"{loss}: it replaces the loss function ODB uses for the exact global "
-                            "token mean; set odb_loss_scaling: none to keep it, or turn it off")
+        if raw.get(loss) and odb.config.loss_scaling != "none":
+            problems.append(f"{loss}: it replaces the loss function ODB weights to reproduce the "
+                            "fixed-batch loss; set odb_step: groups and odb_loss_scaling: none to keep "
+                            "it, or turn it off")
     accelerator_config = raw.get("accelerator_config") or {}
     if isinstance(accelerator_config, Mapping) and accelerator_config.get("dispatch_batches"):
         problems.append("dispatch_batches: true: rank 0 would read and broadcast every batch, but ODB "

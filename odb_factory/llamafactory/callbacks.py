@@ -71,6 +71,9 @@ class ODBCallback(TrainerCallback):
             if "balance_max_over_lb" in step.metrics:
                 self.window["rounds_seen"] = self.window.get("rounds_seen", 0.0) + 1
         self.window["micro_steps"] = self.window.get("micro_steps", 0.0) + len(steps)
+        self.window["optimizer_steps"] = self.window.get("optimizer_steps", 0.0) + 1
+        self.window["global_samples"] = (self.window.get("global_samples", 0.0)
+                                         + sum(s.global_num_samples for s in steps))
         if self.ledger is not None:
             self.ledger.append(step_record(trainer_state.global_step, loader.loader.epoch, steps, self.row_of))
 
@@ -90,6 +93,9 @@ class ODBCallback(TrainerCallback):
             "odb/padding_efficiency": round(w.get("input_tokens", 0.0) / padded, 4) if padded else 0.0,
             "odb/tokens_per_step": round(w.get("input_tokens", 0.0) / micro, 1),
             "odb/samples_per_step": round(w.get("samples", 0.0) / micro, 2),
+            "odb/micro_steps_per_optimizer_step": round(micro / max(1.0, w.get("optimizer_steps", 0.0)), 2),
+            "odb/samples_per_optimizer_step": round(w.get("global_samples", 0.0)
+                                                    / max(1.0, w.get("optimizer_steps", 0.0)), 2),
             "odb/splits": w.get("splits", 0.0),
             "odb/overflow_groups": w.get("overflow_groups", 0.0),
             "odb/idle_steps": w.get("idle", 0.0),

@@ -26,18 +26,35 @@ class LFCollate:
         return batch
 
 
+class OptimizerStepBatch:
+    """Samples mode: what HF's loop receives as one batch, the micro-batches of one optimizer
+    step (HF accumulates over 1; `ODBTrainerMixin.training_step` runs them)."""
+
+    def __init__(self, micro_batches: List[Dict[str, Any]]):
+        self.micro_batches = micro_batches
+
+    def __contains__(self, key: str) -> bool:
+        return False  # HF counts no labels here: the sample weights carry the loss normalisation
+
+
 class TrainLoader:
-    """Iterating it yields the batch dicts of one epoch on this rank; when the epoch is
-    over it tells the trainer (`should_epoch_stop`), since HF's loop length is only an
-    upper bound with variable-size batches."""
+    """Iterating it yields the batches of one epoch on this rank (groups mode: one per
+    micro-step; samples mode: one OptimizerStepBatch per optimizer step); when the epoch is
+    over it tells the trainer (`should_epoch_stop`), since in groups mode HF's loop length is
+    only an upper bound."""
 
     def __init__(self, loader: ODBDataLoader, control_of: Callable[[], Any],
-                 epoch_samples: int):
+                 epoch_samples: int, steps_per_epoch: int = 0):
         self.loader = loader
         self.control_of = control_of
         self.epoch_samples = epoch_samples    # samples one epoch trains over all ranks
+        self.steps_per_epoch = steps_per_epoch  # samples mode: optimizer steps of an epoch
         self.pending: List[ODBBatch] = []     # micro-steps since the last optimizer step
         self.epoch_consumed = 0               # samples of the current epoch, all ranks
+
+    @property
+    def samples_mode(self) -> bool:
+        return self.loader.config.step_mode == "samples"
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.loader.epoch:
@@ -48,6 +65,11 @@ class TrainLoader:
     def dataset(self):
         return self.loader.dataset
 
+    def __len__(self) -> int:
+        if not self.samples_mode:
+            raise TypeError("groups mode has no fixed length; see steps_upper_bound()")
+        return self.steps_per_epoch
+
     def steps_upper_bound(self) -> int:
         """Micro-steps one epoch can take at most: every step trains at least one sample
         on some rank, plus the IDLE steps that complete the last accumulation window."""
@@ -55,6 +77,7 @@ class TrainLoader:
         return ga * (math.ceil(self.epoch_samples / ga) + 1)
 
     def __iter__(self):
+        micro_batches: List[Dict[str, Any]] = []
         for step in self.loader:
             batch = step.data
             if step.is_idle:
@@ -62,7 +85,16 @@ class TrainLoader:
             self.pending.append(step)
             self.epoch_consumed += step.global_num_samples
             state.progress.consumed += step.global_num_samples
-            yield batch
+            if not self.samples_mode:
+                yield batch
+                continue
+            rows = batch["input_ids"].shape[0]
+            weights = step.sample_weights if not step.is_idle else [0.0] * rows
+            batch["odb_sample_weights"] = torch.tensor(weights, dtype=torch.float32)
+            micro_batches.append(batch)
+            if step.optimizer_step_end:
+                yield OptimizerStepBatch(micro_batches)
+                micro_batches = []
         control = self.control_of()
         if control is not None:
             control.should_epoch_stop = True

@@ -4,22 +4,26 @@ only when the run's YAML enables ODB."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import sys
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import torch
 import torch.nn.functional as F
+from accelerate.utils import DistributedType
 
 from ..comm.topology import ranks_per_node
 from ..loader import ODBDataLoader
+from ..loss import weighted_token_sum
+from ..planning.optimizer_steps import StandardStep
 from . import state
 from .callbacks import ODBCallback, state_path
 from .lazy_dataset import LazySupervisedDataset
-from .train_loader import LFCollate, TrainLoader
+from .train_loader import LFCollate, OptimizerStepBatch, TrainLoader
 
 logger = logging.getLogger("odb_factory")
 
@@ -59,7 +63,9 @@ class ODBTrainerMixin:
         super().__init__(*args, **kwargs)
         self._odb = state.active()
         self._odb_train_loader: Optional[TrainLoader] = None
-        if self._odb.config.loss_scaling == "exact":
+        self._odb_samples_mode = self._odb.config.step_mode == "samples"
+        self._odb_loss = self._odb_resolve_loss_scaling()
+        if self._odb_loss == "exact" and not self._odb_samples_mode:
             self.compute_loss_func = token_sum_loss
         # ODB resumes its own data position from per-rank state; HF must not re-skip batches.
         self.args.ignore_data_skip = True
@@ -67,11 +73,44 @@ class ODBTrainerMixin:
         row_of = dataset.dataset_row if isinstance(dataset, LazySupervisedDataset) else (lambda i: i)
         self._odb_callback = ODBCallback(lambda: self._odb_train_loader, self.args.process_index,
                                          self._odb.adapter.audit_dir, row_of,
-                                         max_steps_from_user=self.args.max_steps > 0,
+                                         # samples mode: HF's step count is exact already
+                                         max_steps_from_user=self.args.max_steps > 0 or self._odb_samples_mode,
                                          num_train_epochs=self.args.num_train_epochs)
         self.add_callback(self._odb_callback)
-        if self._odb.config.balance and "vision" in self._odb.adapter.balance_stages:
+        if self._odb.vision_stage:
             self._odb_balance_vision_stage()
+        self._odb_describe_steps()
+
+    def _odb_resolve_loss_scaling(self) -> str:
+        """`standard`: what this run's fixed-batch trainer computes. LLaMA-Factory sets
+        `model_accepts_loss_kwargs = False` for models with a processor (every VLM): each
+        micro-batch's token mean, averaged; otherwise HF's global token mean."""
+        chosen = self._odb.config.loss_scaling
+        standard = ("micro_mean" if not self.model_accepts_loss_kwargs and self.compute_loss_func is None
+                    else "exact")
+        if not self._odb_samples_mode:
+            return "exact" if chosen == "standard" else chosen
+        if chosen == "standard":
+            return standard
+        if chosen != standard:
+            logger.warning("ODB: odb_loss_scaling: %s differs from the loss the fixed-batch run computes "
+                           "for this model (%s): the same samples, another weighting of their tokens",
+                           chosen, standard)
+        return chosen
+
+    def _odb_describe_steps(self) -> None:
+        args, cfg = self.args, self._odb.config
+        if not self._odb_samples_mode:
+            logger.warning("ODB: odb_step: groups: every optimizer step holds %d token-budgeted groups per "
+                           "rank, not the recipe's %d samples per rank; the number of samples per "
+                           "optimizer step is logged as odb/samples_per_optimizer_step",
+                           cfg.gradient_accumulation_steps, args.per_device_train_batch_size
+                           * cfg.gradient_accumulation_steps)
+        elif args.per_device_train_batch_size * cfg.gradient_accumulation_steps == 1:
+            logger.warning("ODB: odb_step: samples with one sample per rank and optimizer step leaves "
+                           "nothing to group: the run is the fixed-batch run. Raise "
+                           "gradient_accumulation_steps (the same global batch in fewer, fuller "
+                           "micro-batches) or use odb_step: groups")
 
     def _odb_balance_vision_stage(self) -> None:
         """Encoder-stage balancing (docs/encoder_balancing.md) over a group of its own, so its
@@ -110,21 +149,52 @@ class ODBTrainerMixin:
         cfg = dataclasses.replace(
             odb.config,
             seed=args.data_seed if args.data_seed is not None else args.seed,
-            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            # samples mode: the recipe's accumulation, kept by the parser (HF's is 1)
+            gradient_accumulation_steps=(odb.config.gradient_accumulation_steps if self._odb_samples_mode
+                                         else args.gradient_accumulation_steps),
+            loss_scaling=self._odb_loss,
+            standard_batch_size=args.per_device_train_batch_size,
             pad_epoch_to_accumulation=True,
             # lazy preprocessing belongs in worker processes, not beside the trainer
             num_workers=max(1, args.dataloader_num_workers),
             pad_to_multiple_of=getattr(self.data_collator, "pad_to_multiple_of", None) or 1,
             vision_token_ids=tuple(vision_ids),
             spatial_merge_size=getattr(vision_config, "spatial_merge_size", 2),
-            balance=odb.config.balance and "llm" in odb.adapter.balance_stages)
-        loader = ODBDataLoader(self.train_dataset, cfg, collate_fn=LFCollate(self.data_collator))
-        epoch_samples = cfg.quota if (not cfg.join and cfg.quota) else len(self.train_dataset)
+            balance=odb.config.balance)
+        standard_steps = self._odb_standard_steps if self._odb_samples_mode else None
+        loader = ODBDataLoader(self.train_dataset, cfg, collate_fn=LFCollate(self.data_collator),
+                               standard_steps=standard_steps)
+        steps_per_epoch = 0
+        if self._odb_samples_mode:
+            first = self._odb_standard_steps(0)
+            steps_per_epoch = len(first)
+            epoch_samples = sum(len(s.indices) for s in first) * args.world_size
+        else:
+            epoch_samples = cfg.quota if (not cfg.join and cfg.quota) else len(self.train_dataset)
         epochs = args.num_train_epochs if args.max_steps <= 0 else 1
         state.progress.total = int(math.ceil(epoch_samples * epochs))
-        return TrainLoader(loader, lambda: getattr(self, "control", None), epoch_samples)
+        return TrainLoader(loader, lambda: getattr(self, "control", None), epoch_samples, steps_per_epoch)
+
+    def _odb_standard_steps(self, epoch: int) -> List[StandardStep]:
+        """This rank's optimizer steps of the fixed-batch run, from the Trainer's own sampler
+        through accelerate's sharding (the same global batches, the same wrap-around of the
+        last one), without loading a sample; RNG state is left as it was."""
+        from torch.utils.data import DataLoader
+        indices = DataLoader(range(len(self.train_dataset)), batch_size=self._train_batch_size,
+                             sampler=self._get_train_sampler(), collate_fn=list,
+                             drop_last=self.args.dataloader_drop_last)
+        sharded = self.accelerator.prepare_data_loader(indices)
+        if sharded in self.accelerator._dataloaders:
+            self.accelerator._dataloaders.remove(sharded)  # a planning aid, not a training loader
+        sharded.set_epoch(epoch)
+        with torch.random.fork_rng(devices=[]):
+            batches = [tuple(int(i) for i in batch) for batch in sharded]
+        accumulation = self._odb.config.gradient_accumulation_steps
+        return [StandardStep(tuple(batches[k:k + accumulation])) for k in range(0, len(batches), accumulation)]
 
     def set_initial_training_values(self, args, dataloader):
+        if self._odb_samples_mode:  # the fixed-batch run's steps: HF's own count is exact
+            return super().set_initial_training_values(args, dataloader)
         loader: TrainLoader = dataloader
         bound = loader.steps_upper_bound()
         updates_per_epoch = bound // args.gradient_accumulation_steps
@@ -171,7 +241,7 @@ class ODBTrainerMixin:
     # ------------------------------------------------------------------ schedule and logs
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         scheduler = super().create_scheduler(num_training_steps, optimizer)
-        if self.args.max_steps <= 0:
+        if self.args.max_steps <= 0 and not self._odb_samples_mode:
             lambdas = getattr(scheduler, "lr_lambdas", None)
             if lambdas is None:
                 logger.warning("ODB: %s is not a LambdaLR; its schedule follows optimizer steps "
@@ -179,6 +249,47 @@ class ODBTrainerMixin:
             else:
                 scheduler.lr_lambdas = [sample_progress_lambda(f, num_training_steps) for f in lambdas]
         return scheduler
+
+    # ------------------------------------------------------------------ samples mode
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """Samples mode: one optimizer step's micro-batches; gradients are synchronised (and
+        DeepSpeed steps) on the last one only. Returns the step's loss on this rank, which
+        HF averages over ranks for the log: the fixed-batch run's loss."""
+        if not isinstance(inputs, OptimizerStepBatch):
+            return super().training_step(model, inputs, num_items_in_batch)
+        total = None
+        last = len(inputs.micro_batches) - 1
+        for i, batch in enumerate(inputs.micro_batches):
+            self.accelerator.gradient_state._set_sync_gradients(i == last)
+            deepspeed = self.accelerator.distributed_type == DistributedType.DEEPSPEED
+            context = (contextlib.nullcontext() if i == last or deepspeed
+                       else self.accelerator.no_sync(model=model))
+            with context:
+                loss = super().training_step(model, batch, None)
+            total = loss if total is None else total + loss
+        return total
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        weights = inputs.pop("odb_sample_weights", None)
+        if weights is None:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
+        loss = weighted_token_sum(logits.float(), labels.to(logits.device), weights.to(logits.device))
+        return (loss, outputs) if return_outputs else loss
+
+    def floating_point_ops(self, inputs):
+        if isinstance(inputs, OptimizerStepBatch):
+            return sum(super(ODBTrainerMixin, self).floating_point_ops(b) for b in inputs.micro_batches)
+        return super().floating_point_ops(inputs)
+
+    def _track_num_input_tokens(self, inputs):
+        if isinstance(inputs, OptimizerStepBatch):
+            for batch in inputs.micro_batches:
+                super()._track_num_input_tokens(batch)
+            return
+        super()._track_num_input_tokens(inputs)
 
     def log(self, logs, *args, **kwargs):
         if "loss" in logs:

@@ -20,6 +20,9 @@ class ODBBatch:
     vision_patches: vision-encoder patches of this rank's group (as the loader placed it).
     loss_scale: multiply this rank's per-token *mean* loss by it; with DDP's gradient
         average the result is the gradient of the global per-token mean (see README).
+    sample_weights: step_mode="samples": per sample of `data`, the weight of its summed token
+        losses in the fixed-batch run's loss (`odb_factory.loss.weighted_loss`).
+    optimizer_step_end: the last micro-step of an optimizer step (step the optimizer after it).
     """
     data: Any
     indices: List[int]
@@ -34,6 +37,8 @@ class ODBBatch:
     vision_patches: int = 0
     global_num_samples: int = 0
     metrics: Dict[str, float] = field(default_factory=dict)
+    sample_weights: List[float] = field(default_factory=list)
+    optimizer_step_end: bool = False
 
     @property
     def num_samples(self) -> int:

@@ -13,13 +13,14 @@ import queue
 import signal
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from torch.utils.data import DataLoader
 
 from ..config import ODBConfig
 from ..cost import CostFn, DefaultCost
 from ..planning.grouping import Budget
+from ..planning.optimizer_steps import MICRO_MEAN, TOKEN_MEAN, StandardStep, fixed_batch_steps
 from ..balance.step_plan import StepBalance
 from ..planning.rounds import RankPlanner
 from ..planning.views import cycling_view, epoch_view
@@ -28,7 +29,7 @@ from .batch import ODBBatch
 from .collate_stage import CollateJob, PlanSampler
 from .sample_stage import CostedDataset, ViewSampler, identity, in_thread_samples, named_worker_deaths
 from .metrics import LoaderMetrics
-from .planner_thread import PlannerThread, SampleStore, StepPlan
+from .planner_thread import OptimizerStepSpec, PlannerThread, SampleStore, StepPlan
 from ..comm.channel import SyncChannel
 from ..comm.errors import ODBSyncError
 from ..comm.topology import ranks_per_node
@@ -73,13 +74,20 @@ class ODBDataLoader:
     def __init__(self, dataset: Any, config: Optional[ODBConfig] = None, *,
                  collate_fn: Callable[[List[Any]], Any] = identity,
                  cost_fn: Optional[CostFn] = None, num_workers: Optional[int] = None,
-                 num_collate_workers: Optional[int] = None):
+                 num_collate_workers: Optional[int] = None,
+                 standard_steps: Optional[Callable[[int], Sequence[StandardStep]]] = None):
+        """standard_steps(epoch): step_mode="samples" only, this rank's optimizer steps of the
+        fixed-batch run to reproduce (default: `fixed_batch_steps` with the config's
+        standard_batch_size and gradient_accumulation_steps)."""
         self.config = config = config or ODBConfig()
         if num_workers is not None:
             config.num_workers = num_workers
         if num_collate_workers is not None:
             config.num_collate_workers = num_collate_workers
         config.validate()
+        if config.loss_scaling == "standard":
+            raise ValueError("ODBConfig.loss_scaling 'standard' is resolved by the LLaMA-Factory trainer; "
+                             "with the engine choose 'exact' or (step_mode 'samples') 'micro_mean'")
         try:
             self.num_samples = len(dataset)
         except TypeError:
@@ -93,6 +101,8 @@ class ODBDataLoader:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self._costed = CostedDataset(dataset, cost_fn or DefaultCost.from_config(config))
+        self._standard_steps = standard_steps or self._fixed_batch_steps
+        self._optimizer_steps: Dict[int, int] = {}     # samples mode: epoch -> steps completed
         self._epoch = 0
         self._consumed: Dict[int, List[int]] = {}      # epoch -> indices trained on this rank
         self._consumed_global: Dict[int, int] = {}     # epoch -> samples trained by all ranks
@@ -135,6 +145,7 @@ class ODBDataLoader:
                 "consumed": sorted(self._consumed.get(self._epoch, [])),
                 "consumed_global": self._consumed_global.get(self._epoch, 0),
                 "steps": self.metrics.epoch_steps.get(self._epoch, 0),
+                "optimizer_steps": self._optimizer_steps.get(self._epoch, 0),
                 "config": self.config.planning_fields()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -194,12 +205,14 @@ class ODBDataLoader:
             self._consumed[epoch] = []
             self._consumed_global[epoch] = 0
             self.metrics.epoch_steps[epoch] = 0
+            self._optimizer_steps[epoch] = 0
             return set(), 0
         every = self.sync.all_gather(state["consumed"], "resume", epoch)
         trained = set().union(*map(set, every))
         self._consumed[epoch] = list(state["consumed"])
         self._consumed_global[epoch] = state["consumed_global"]
         self.metrics.epoch_steps[epoch] = state["steps"]
+        self._optimizer_steps[epoch] = state.get("optimizer_steps", 0)
         return trained, state["consumed_global"]
 
     def _iterate(self, epoch: int) -> Iterator[ODBBatch]:
@@ -210,8 +223,11 @@ class ODBDataLoader:
         trained, trained_count = self._restore_epoch(epoch)
         full_view = epoch_view(self.num_samples, self.world_size, self.rank, cfg.seed, epoch, cfg.shuffle)
         view = [i for i in full_view if i not in trained]
-        quota = None
-        if not cfg.join:
+        quota, optimizer_steps = None, None
+        if cfg.step_mode == "samples":
+            optimizer_steps = self._optimizer_step_spec(epoch)
+            order = [i for step in optimizer_steps.steps for i in step.indices]
+        elif not cfg.join:
             quota = (cfg.quota or self.num_samples) - trained_count
             if quota <= 0:
                 return  # the epoch's quota was reached before the checkpoint
@@ -226,9 +242,9 @@ class ODBDataLoader:
             self._view_sampler.order = order
             samples = named_worker_deaths(self._sample_loader, "sample", self.rank)
         store = SampleStore(samples)
-        planner = RankPlanner(Budget.from_config(cfg), cfg.buffer_size, store.stream(), rank=self.rank,
-                              over_budget=cfg.over_budget, quota=quota,
-                              shuffle_seed=f"{cfg.seed}:{epoch}")
+        planner = None if optimizer_steps is not None else RankPlanner(
+            Budget.from_config(cfg), cfg.buffer_size, store.stream(), rank=self.rank,
+            over_budget=cfg.over_budget, quota=quota, shuffle_seed=f"{cfg.seed}:{epoch}")
         plans: "queue.Queue" = queue.Queue(maxsize=cfg.outstanding_depth)
         stop = threading.Event()
         first = full_view[0] if full_view else self.rank % self.num_samples
@@ -236,7 +252,7 @@ class ODBDataLoader:
                                plans, stop, filler=lambda: self.dataset[first],
                                step_offset=self.metrics.epoch_steps.get(epoch, 0),
                                pad_to_window=cfg.pad_epoch_to_accumulation,
-                               rebalancer=self._rebalancer())
+                               rebalancer=self._rebalancer(), optimizer_steps=optimizer_steps)
         thread.start()
         self._plan_sampler.attach(plans, thread)
         try:
@@ -273,6 +289,24 @@ class ODBDataLoader:
                     f"{cfg.sync_timeout_s:.0f}s (ODBConfig.sync_timeout_s) after the trainer left the "
                     "epoch: a peer is neither continuing nor leaving; see the other ranks' logs")
 
+    def _fixed_batch_steps(self, epoch: int) -> List[StandardStep]:
+        cfg = self.config
+        return fixed_batch_steps(self.num_samples, self.world_size, self.rank, cfg.standard_batch_size,
+                                 cfg.gradient_accumulation_steps, cfg.seed, epoch, cfg.shuffle)
+
+    def _optimizer_step_spec(self, epoch: int) -> OptimizerStepSpec:
+        """Samples mode: the epoch's Standard steps not trained yet, and how to pack them."""
+        cfg, done = self.config, self._optimizer_steps.get(epoch, 0)
+        steps = list(self._standard_steps(epoch))
+        for step in steps:
+            bad = [i for i in step.indices if not 0 <= i < self.num_samples]
+            if bad:
+                raise ValueError(f"standard_steps({epoch}) names indices {bad[:5]} outside the dataset "
+                                 f"of {self.num_samples} samples")
+        normalization = MICRO_MEAN if cfg.loss_scaling == "micro_mean" else TOKEN_MEAN
+        return OptimizerStepSpec(steps[done:], Budget.from_config(cfg), cfg.over_budget, normalization,
+                                 first_step=done)
+
     def _rebalancer(self) -> Optional[StepRebalancer]:
         cfg = self.config
         if not cfg.balance or self.world_size == 1:
@@ -292,6 +326,8 @@ class ODBDataLoader:
         else:
             scale = 1.0
         metrics = self.metrics.record(plan, wait_s)
+        if plan.step_end:
+            self._optimizer_steps[plan.epoch] = self._optimizer_steps.get(plan.epoch, 0) + 1
         self._consumed.setdefault(plan.epoch, []).extend(plan.indices)
         self._consumed_global[plan.epoch] = self._consumed_global.get(plan.epoch, 0) + plan.global_num_samples
         return ODBBatch(data=data, indices=list(plan.indices), label_tokens=plan.label_tokens,
@@ -299,7 +335,8 @@ class ODBDataLoader:
                         is_idle=plan.is_idle, epoch=plan.epoch, step=plan.step,
                         input_tokens=plan.input_tokens, padded_tokens=plan.padded_tokens,
                         vision_patches=plan.vision_patches,
-                        global_num_samples=plan.global_num_samples, metrics=metrics)
+                        global_num_samples=plan.global_num_samples, metrics=metrics,
+                        sample_weights=list(plan.sample_weights), optimizer_step_end=plan.step_end)
 
     # ---------------------------------------------------------------- shutdown
     def close(self) -> None:

@@ -20,7 +20,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from ..comm.channel import Departure, PeerDeparted, SyncChannel
 from ..comm.errors import ODBSyncError
 from ..cost import SampleCost
-from ..planning.grouping import PlannedSample
+from ..planning.grouping import Budget, PlannedSample
+from ..planning.optimizer_steps import StandardStep, align_step, pack_step, sample_weights
 from ..planning.rounds import RankPlanner, Slot
 from .step_rebalancer import StepRebalancer
 
@@ -41,6 +42,8 @@ class StepPlan:
     global_label_tokens: int      # supervised tokens of the whole accumulation window
     global_num_samples: int       # samples of this step on all ranks
     round_stats: Dict[str, float] = field(default_factory=dict)
+    sample_weights: List[float] = field(default_factory=list)  # samples mode: Standard's loss weights
+    step_end: bool = False        # the last micro-step of an optimizer step
 
 
 class PlannerFailure:
@@ -69,17 +72,29 @@ class SampleStore:
             yield PlannedSample(uid, index, cost)
 
 
+@dataclass
+class OptimizerStepSpec:
+    """Samples mode: the Standard steps to train (this rank's share) and how to pack them."""
+    steps: List[StandardStep]
+    budget: Budget
+    over_budget: str
+    normalization: str            # Standard's loss: "micro_mean" or "exact"
+    first_step: int = 0           # index of steps[0] in the epoch (after a resume)
+
+
 class _Stopped(Exception):
     pass
 
 
 class PlannerThread(threading.Thread):
-    def __init__(self, planner: RankPlanner, store: SampleStore, sync: SyncChannel, epoch: int,
+    def __init__(self, planner: Optional[RankPlanner], store: SampleStore, sync: SyncChannel, epoch: int,
                  accumulation: int, out: "queue.Queue", stop: threading.Event,
                  filler: Callable[[], Any], step_offset: int = 0, pad_to_window: bool = False,
-                 rebalancer: Optional[StepRebalancer] = None):
+                 rebalancer: Optional[StepRebalancer] = None,
+                 optimizer_steps: Optional[OptimizerStepSpec] = None):
         super().__init__(name=f"odb-planner-rank{sync.rank}-epoch{epoch}", daemon=True)
-        self.planner = planner
+        self.planner = planner                  # groups mode (DGAP rounds)
+        self.optimizer_steps = optimizer_steps  # samples mode
         self.store = store
         self.sync = sync
         self.epoch = epoch
@@ -158,11 +173,11 @@ class PlannerThread(threading.Thread):
                 self._departure("failed" if failure else "left", failure), "departure notice")
         raise _Stopped()
 
-    def _exchange(self, obj: Any, what: str) -> List[Any]:
+    def _exchange(self, obj: Any, what: str, round: int) -> List[Any]:
         if self.stop.is_set():
             self._leave_protocol()
         try:
-            return self.sync.all_gather(obj, what, self.epoch, self.planner.round)
+            return self.sync.all_gather(obj, what, self.epoch, round)
         except PeerDeparted:
             if self.stop.is_set():
                 self._protocol_over = True  # we are leaving too
@@ -179,15 +194,46 @@ class PlannerThread(threading.Thread):
                     self._leave_protocol()
 
     def _plan_epoch(self) -> None:
+        if self.optimizer_steps is not None:
+            self._plan_optimizer_steps(self.optimizer_steps)
+        else:
+            self._plan_rounds()
+        self.store.payloads.clear()
+
+    def _plan_optimizer_steps(self, spec: OptimizerStepSpec) -> None:
+        """Samples mode: one exchange per Standard step (micro-batch count, label tokens)."""
+        stream = self.store.stream()
+        for number, step in enumerate(spec.steps, start=spec.first_step):
+            samples = [next(stream) for _ in step.indices]
+            groups = pack_step(samples, spec.budget, spec.over_budget)
+            label_tokens = [s.cost.label_tokens for s in samples]
+            every = self._exchange((len(groups), sum(label_tokens), len(samples)), "optimizer step", number)
+            global_tokens = sum(tokens for _, tokens, _ in every)
+            global_samples = sum(count for _, _, count in every)
+            weights = dict(zip((s.uid for s in samples), sample_weights(
+                step, label_tokens, spec.normalization, self.sync.world_size, global_tokens)))
+            slots = align_step(groups, [count for count, _, _ in every], spec.budget)
+            if number == spec.first_step + len(spec.steps) - 1:
+                self._protocol_over = True  # no exchange follows the last step
+            budget = spec.budget
+            # the step's global sample count rides on its first micro-step only
+            window = [(Slot(tuple(slot), number, position, global_tokens,
+                            global_samples if position == 0 else 0, budget.group_cost(slot)), {})
+                      for position, slot in enumerate(slots)]
+            self._emit(window, weights)
+        self._protocol_over = True
+
+    def _plan_rounds(self) -> None:
+        """Groups mode: DGAP rounds over the window (docs/dgap.md)."""
         planner = self.planner
         window: List[Tuple[Slot, Dict[str, float]]] = []
         while not planner.finished:
             status = planner.begin_round()
-            statuses = self._exchange(status, "status")
+            statuses = self._exchange(status, "status", planner.round)
             costs = planner.plan_round(statuses)
             if planner.finished:
                 break
-            every = self._exchange(costs, "costs")
+            every = self._exchange(costs, "costs", planner.round)
             result = planner.close_round(every)
             slots, stats = result.slots, result.stats
             round_stats = {"groups_per_round": float(stats.target), "splits": float(stats.splits),
@@ -217,11 +263,15 @@ class PlannerThread(threading.Thread):
         self._protocol_over = True
         if window:
             self._emit(window)
-        self.store.payloads.clear()
 
-    def _emit(self, window: List[Tuple[Slot, Dict[str, float]]]) -> None:
-        window_tokens = sum(slot.global_label_tokens for slot, _ in window)
-        for slot, round_stats in window:
+    def _emit(self, window: List[Tuple[Slot, Dict[str, float]]],
+              weights: Optional[Dict[Any, float]] = None) -> None:
+        """Queue one optimizer step's micro-steps (groups mode: an accumulation window)."""
+        if weights is None:
+            window_tokens = sum(slot.global_label_tokens for slot, _ in window)
+        else:  # samples mode: each slot carries the step's global label tokens
+            window_tokens = window[0][0].global_label_tokens if window else 0
+        for position, (slot, round_stats) in enumerate(window):
             if slot.is_idle:
                 samples = [self._filler()]
             else:
@@ -235,7 +285,10 @@ class PlannerThread(threading.Thread):
                 padded_tokens=slot.padded_tokens,
                 vision_patches=sum(s.cost.vision_patches for s in slot.samples),
                 global_label_tokens=window_tokens,
-                global_num_samples=slot.global_samples, round_stats=round_stats))
+                global_num_samples=slot.global_samples,
+                round_stats=round_stats,
+                sample_weights=[weights[s.uid] for s in slot.samples] if weights is not None else [],
+                step_end=position == len(window) - 1))
             self.step += 1
 
     def _filler(self) -> Any:

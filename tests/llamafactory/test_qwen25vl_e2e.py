@@ -8,7 +8,9 @@ from tests.helpers.lf_runs import base_yaml, ledger, log_history, train, trained
 pytest.importorskip("llamafactory")
 NUM_SAMPLES = 96  # conftest.demo_data
 
-ODB = {"odb_enable": True, "odb_token_budget": 768, "odb_buffer_size": 32, "odb_collate_workers": 1}
+# groups mode: these tests check the paper's batching (coverage ledgers, exact global token mean)
+ODB = {"odb_enable": True, "odb_step": "groups", "odb_loss_scaling": "exact", "odb_token_budget": 768,
+       "odb_buffer_size": 32, "odb_collate_workers": 1}
 
 
 @pytest.fixture(scope="module")

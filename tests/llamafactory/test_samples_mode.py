@@ -1,0 +1,72 @@
+"""End to end, `odb_step: samples` (the default): the same YAML with `odb_enable: true` trains
+the fixed-batch run's model — the same optimizer steps, the same logged losses, the same
+final eval loss — under DDP and ZeRO-2, on image and text-only data (2 CPU ranks, fp32)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.lf_runs import base_yaml, ledger, log_history, train
+
+pytest.importorskip("llamafactory")
+
+REL = 1e-3
+
+
+def _text_only(demo_data: Path, out: Path) -> Path:
+    rows = [r for r in json.loads((demo_data / "demo.json").read_text()) if not r.get("images")]
+    out.mkdir()
+    (out / "demo.json").write_text(json.dumps(rows))
+    shutil.copy(demo_data / "dataset_info.json", out / "dataset_info.json")
+    return out
+
+
+def _pair(tmp_path, model, data, name, **extra):
+    """(Standard history, ODB history, ODB ledger) for the same YAML, ODB on or off."""
+    common = dict(per_device_train_batch_size=1, gradient_accumulation_steps=4, val_size=0.2,
+                  per_device_eval_batch_size=4, eval_strategy="no", do_eval=True, learning_rate=2e-3,
+                  lr_scheduler_type="cosine", warmup_ratio=0.1, max_grad_norm=1.0, seed=11, **extra)
+    std = tmp_path / f"{name}_standard"
+    train(base_yaml(model, data, std, **common), nproc=2)
+    odb = tmp_path / f"{name}_odb"
+    audit = tmp_path / f"{name}_audit"
+    train(base_yaml(model, data, odb, odb_enable=True, odb_token_budget=512, odb_collate_workers=1,
+                    odb_audit_dir=str(audit), **common), nproc=2)
+    return _history(std), _history(odb), ledger(audit)
+
+
+def _history(out: Path):
+    """The training log lines, then the final evaluation (written after trainer_state.json)."""
+    return log_history(out) + [json.loads((out / "eval_results.json").read_text())]
+
+
+def _assert_same_training(standard, odb, rows):
+    std_steps = [h for h in standard if "loss" in h]
+    odb_steps = [h for h in odb if "loss" in h]
+    assert [h["step"] for h in odb_steps] == [h["step"] for h in std_steps], "other optimizer steps"
+    for a, b in zip(std_steps, odb_steps):
+        assert b["loss"] == pytest.approx(a["loss"], rel=REL), f"step {a['step']}: {a['loss']} vs {b['loss']}"
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=10 * REL), f"step {a['step']} grad_norm"
+        assert b["learning_rate"] == pytest.approx(a["learning_rate"], rel=1e-9)
+    std_eval = [h["eval_loss"] for h in standard if "eval_loss" in h]
+    odb_eval = [h["eval_loss"] for h in odb if "eval_loss" in h]
+    assert std_eval and odb_eval[-1] == pytest.approx(std_eval[-1], rel=REL)
+    # ODB packed steps into fewer micro-batches than the fixed-batch run's 4
+    assert any(r["micro_steps"] < 4 for r in rows), "nothing was packed"
+    assert all(len({r["micro_steps"] for r in rows if r["step"] == s}) == 1 for s in {r["step"] for r in rows})
+
+
+def test_samples_mode_trains_the_standard_model_ddp_images(tmp_path, tiny_model, demo_data):
+    standard, odb, rows = _pair(tmp_path, tiny_model, demo_data, "ddp")
+    _assert_same_training(standard, odb, rows)
+
+
+def test_samples_mode_trains_the_standard_model_zero2_text(tmp_path, tiny_model, demo_data):
+    data = _text_only(demo_data, tmp_path / "text_only")
+    ds_config = Path(__file__).resolve().parents[2] / "recipes" / "parts" / "deepspeed" / "ds_z2.json"
+    standard, odb, rows = _pair(tmp_path, tiny_model, data, "zero2", deepspeed=str(ds_config))
+    _assert_same_training(standard, odb, rows)
