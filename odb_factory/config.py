@@ -192,10 +192,6 @@ class ODBConfig:
                 raise ValueError(f"{option_name('join')} false has no meaning with "
                                  f"{option_name('step_mode')} 'samples' (every step trains exactly "
                                  "the fixed-batch run's samples); use step_mode 'groups'")
-            if self.balance:
-                raise ValueError(f"{option_name('balance')} (post-balancing in the loader) is not "
-                                 f"available with {option_name('step_mode')} 'samples' yet; use "
-                                 "step_mode 'groups' or balance false")
         elif self.loss_scaling == "micro_mean":
             raise ValueError(f"{option_name('loss_scaling')} 'micro_mean' needs the fixed-batch "
                              f"run's micro-batches: set {option_name('step_mode')} 'samples'")

@@ -33,7 +33,7 @@ def test_yaml_keys_are_derived_from_the_declarations():
     assert "seed" not in lf_keys() and "gradient_accumulation_steps" not in lf_keys()  # LLaMA-Factory's own
     assert not set(ADAPTER_KEYS) & set(lf_keys()), "an adapter option shadows an engine option"
     assert sorted(all_keys()) == sorted("odb_" + k for k in ADAPTER_KEYS + list(lf_keys()))
-    assert lf_defaults() == {"num_collate_workers": 1}
+    assert lf_defaults() == {"num_collate_workers": 1, "step_mode": "samples", "loss_scaling": "standard"}
 
 
 def test_rank_agreement_and_resume_checks_cover_the_declared_fields():
@@ -83,7 +83,7 @@ def test_yaml_values_are_typed_and_named(values, message):
 
 
 def test_yaml_strings_become_their_types_and_adapter_defaults_apply():
-    run = parse_odb_arguments({"odb_enable": "true", "odb_join": "false", "odb_token_budget": "8192",
+    run = parse_odb_arguments({"odb_enable": "true", "odb_step": "groups", "odb_join": "false", "odb_token_budget": "8192",
                                "odb_sync_timeout": "60"})
     assert run.adapter.enable is True and run.config.join is False
     assert run.config.token_budget == 8192 and run.config.sync_timeout_s == 60.0

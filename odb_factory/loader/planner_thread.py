@@ -213,15 +213,32 @@ class PlannerThread(threading.Thread):
             weights = dict(zip((s.uid for s in samples), sample_weights(
                 step, label_tokens, spec.normalization, self.sync.world_size, global_tokens)))
             slots = align_step(groups, [count for count, _, _ in every], spec.budget)
+            # the step's global sample count rides on its first micro-step only
+            window = [Slot(tuple(slot), number, position, global_tokens,
+                           global_samples if position == 0 else 0, spec.budget.group_cost(slot))
+                      for position, slot in enumerate(slots)]
+            stats: Dict[str, float] = {}
+            if self.rebalancer is not None:
+                window, stats = self._rebalance_step(window, weights, number)
             if number == spec.first_step + len(spec.steps) - 1:
                 self._protocol_over = True  # no exchange follows the last step
-            budget = spec.budget
-            # the step's global sample count rides on its first micro-step only
-            window = [(Slot(tuple(slot), number, position, global_tokens,
-                            global_samples if position == 0 else 0, budget.group_cost(slot)), {})
-                      for position, slot in enumerate(slots)]
-            self._emit(window, weights)
+            self._emit([(slot, stats if position == 0 else {}) for position, slot in enumerate(window)],
+                       weights)
         self._protocol_over = True
+
+    def _rebalance_step(self, window: List[Slot], weights: Dict[Any, float],
+                        number: int) -> Tuple[List[Slot], Dict[str, float]]:
+        """Samples mode with post-balancing: re-deal the step's micro-batches across ranks;
+        each sample's loss weight travels with it (the gradient is unchanged)."""
+        every = self._exchange([[s.cost for s in slot.samples] for slot in window], "step costs", number)
+        payloads = self.store.payloads
+        moved = self.rebalancer.rebalance(window, every, lambda uid: (payloads[uid], weights[uid]),
+                                          self.epoch)
+        for uid in moved.sent_uids:
+            del payloads[uid]
+        for uid, (payload, weight) in moved.received.items():
+            payloads[uid], weights[uid] = payload, weight
+        return moved.slots, moved.metrics
 
     def _plan_rounds(self) -> None:
         """Groups mode: DGAP rounds over the window (docs/dgap.md)."""

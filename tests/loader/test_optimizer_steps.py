@@ -52,14 +52,15 @@ def _standard_grads(world, batch_size, accumulation, normalization):
     return out
 
 
-def _odb_rank(rank, world, batch_size, accumulation, normalization, budget):
+def _odb_rank(rank, world, batch_size, accumulation, normalization, budget, balance=False):
     import torch
     import torch.distributed as dist
     from odb_factory import ODBConfig, ODBDataLoader
     from odb_factory.loss import weighted_loss
     from odb_factory.synthetic import pad_collate
     cfg = ODBConfig(step_mode="samples", loss_scaling=normalization, token_budget=budget,
-                    standard_batch_size=batch_size, gradient_accumulation_steps=accumulation)
+                    standard_batch_size=batch_size, gradient_accumulation_steps=accumulation,
+                    balance=balance, balance_mode="lpt")
     loader = ODBDataLoader(_dataset(), cfg, collate_fn=pad_collate)
     model = _model()
     steps, indices, micro = [], [], 0
@@ -78,15 +79,17 @@ def _odb_rank(rank, world, batch_size, accumulation, normalization, budget):
     return steps
 
 
-@pytest.mark.parametrize("world,batch_size,accumulation,normalization,budget", [
-    (2, 1, 4, "micro_mean", 256),
-    (2, 2, 3, "exact", 384),
-    (3, 2, 2, "micro_mean", 300),
+@pytest.mark.parametrize("world,batch_size,accumulation,normalization,budget,balance", [
+    (2, 1, 4, "micro_mean", 256, False),
+    (2, 2, 3, "exact", 384, False),
+    (3, 2, 2, "micro_mean", 300, False),
+    (3, 2, 3, "micro_mean", 600, True),     # post-balanced: samples move, their weights with them
 ])
-def test_samples_mode_step_equals_the_fixed_batch_step(world, batch_size, accumulation, normalization, budget):
+def test_samples_mode_step_equals_the_fixed_batch_step(world, batch_size, accumulation, normalization, budget,
+                                                       balance):
     import torch
     standard = _standard_grads(world, batch_size, accumulation, normalization)
-    ranks = run_world(_odb_rank, world, batch_size, accumulation, normalization, budget, timeout=240)
+    ranks = run_world(_odb_rank, world, batch_size, accumulation, normalization, budget, balance, timeout=240)
     assert all(len(r) == len(standard) for r in ranks), "a different number of optimizer steps"
     packed = 0
     for k, (indices, reference) in enumerate(standard):
