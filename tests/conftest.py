@@ -6,6 +6,16 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests run a fixed set of examples (derandomize: seeded from each test's source), so a
+# failure reproduces on every run and machine; print_blob prints the @reproduce_failure line.
+# HYPOTHESIS_PROFILE=explore draws fresh random examples (and keeps a local example database).
+settings.register_profile("odb", derandomize=True, print_blob=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("explore", print_blob=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "odb"))
 
 
 @pytest.fixture(scope="session")

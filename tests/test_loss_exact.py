@@ -14,14 +14,20 @@ def _model():
 
 
 def _reference_grad(samples):
-    """One process, all of the window's samples: grad of sum(CE) / #supervised tokens."""
+    """One process, all of the window's samples: grad of sum(CE) / #supervised tokens, formed
+    sample by sample without padding (not with the token_mean_loss under test): token t+1 is
+    predicted from token t, so a sample's first label never counts."""
     import torch
-    from odb_factory.loss import token_mean_loss
-    from odb_factory.synthetic import pad_collate
+    import torch.nn.functional as F
     model = _model()
-    batch = pad_collate(samples)
-    loss = token_mean_loss(model(batch["input_ids"]), batch["labels"])
-    loss.backward()
+    total, count = 0.0, 0
+    for s in samples:
+        logits = model(s["input_ids"][None])[0]
+        targets = s["labels"][1:]
+        keep = targets != -100
+        total = total + F.cross_entropy(logits[:-1][keep], targets[keep], reduction="sum")
+        count += int(keep.sum())
+    (total / count).backward()
     return torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
@@ -82,3 +88,131 @@ def test_unscaled_ddp_average_is_not_exact():
         (token_mean_loss(model(batch["input_ids"]), batch["labels"]) / 2).backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert float((grads[0] + grads[1] - ref).norm() / ref.norm()) > 1e-3
+
+
+# ------------------------------------------------------------------ in-process oracles
+# Logits here are random fp64; the expected losses are summed token by token in Python
+# (log-sum-exp minus the target logit), so the denominator is counted independently of
+# odb_factory.loss. The first label is supervised, so counting before the shift shows.
+
+def _hand_mean_ce(logits, labels, shift=True, ignore_index=-100):
+    import math
+    total, count = 0.0, 0
+    rows, length = labels.shape
+    for b in range(rows):
+        for t in range(length - 1 if shift else length):
+            target = int(labels[b, t + 1 if shift else t])
+            if target == ignore_index:
+                continue
+            row = [float(x) for x in logits[b, t]]
+            top = max(row)
+            total += top + math.log(sum(math.exp(x - top) for x in row)) - row[target]
+            count += 1
+    return total, count
+
+
+def _logits_and_labels():
+    import torch
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn(2, 5, 11, generator=generator, dtype=torch.float64)
+    labels = torch.tensor([[3, 5, -100, 7, 2],         # first label supervised
+                           [-100, 1, 2, -100, -100]])
+    return logits, labels
+
+
+@pytest.mark.parametrize("shift,expected_count", [(True, 5), (False, 6)])
+def test_token_mean_loss_divides_by_the_tokens_the_loss_sees(shift, expected_count):
+    from odb_factory.loss import token_mean_loss
+    logits, labels = _logits_and_labels()
+    total, count = _hand_mean_ce(logits, labels, shift)
+    assert count == expected_count       # shifted: 5, 7, 2 and 1, 2; unshifted adds the 3
+    got = float(token_mean_loss(logits, labels, shift=shift))
+    assert got == pytest.approx(total / count, rel=1e-12)
+
+
+def test_token_mean_loss_honours_ignore_index():
+    from odb_factory.loss import token_mean_loss
+    logits, labels = _logits_and_labels()
+    labels = labels.masked_fill(labels == 2, -1)   # -1 is ignored now, -100 is not a valid class
+    labels = labels.masked_fill(labels == -100, 0)
+    total, count = _hand_mean_ce(logits, labels, True, ignore_index=-1)
+    assert float(token_mean_loss(logits, labels, ignore_index=-1)) == pytest.approx(total / count, rel=1e-12)
+
+
+def test_no_supervised_token_gives_zero_not_nan():
+    import torch
+    from odb_factory.loss import token_mean_loss
+    logits = torch.randn(1, 4, 5, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([[2, -100, -100, -100]])  # the only supervised label is never predicted
+    loss = token_mean_loss(logits, labels)
+    loss.backward()
+    assert loss.item() == 0.0 and logits.grad.abs().sum().item() == 0.0
+
+
+def test_scaled_loss_is_the_mean_times_the_step_scale():
+    from types import SimpleNamespace
+    from odb_factory.loss import scaled_loss
+    logits, labels = _logits_and_labels()
+    total, count = _hand_mean_ce(logits, labels)
+    for scale in (0.0, 0.25, 3.0):
+        got = float(scaled_loss(SimpleNamespace(loss_scale=scale), logits, labels))
+        assert got == pytest.approx(scale * total / count, rel=1e-12, abs=0.0)
+    unshifted, n = _hand_mean_ce(logits, labels, shift=False)
+    got = float(scaled_loss(SimpleNamespace(loss_scale=2.0), logits, labels, shift=False))
+    assert got == pytest.approx(2.0 * unshifted / n, rel=1e-12)
+
+
+def test_llamafactory_token_sum_loss_denominator():
+    """LLaMA-Factory's loss: sum of shifted CE / the window's label tokens (HF passes them as
+    num_items_in_batch, an int or a tensor); alone it counts this batch's shifted labels."""
+    import torch
+    from odb_factory.llamafactory.trainer import token_sum_loss
+    logits, labels = _logits_and_labels()
+    total, count = _hand_mean_ce(logits, labels)
+    outputs = {"logits": logits}
+    assert float(token_sum_loss(outputs, labels)) == pytest.approx(total / count, rel=1e-6)
+    assert float(token_sum_loss(outputs, labels, 40)) == pytest.approx(total / 40, rel=1e-6)
+    assert float(token_sum_loss(outputs, labels, torch.tensor(40))) == pytest.approx(total / 40, rel=1e-6)
+    assert float(token_sum_loss(outputs, labels, 0)) == pytest.approx(total, rel=1e-6)  # clamped to 1
+
+
+def test_world_one_window_scales_match_hand_counts_and_the_global_gradient():
+    """World 1, accumulation 3, nothing masked (so every label but the first is supervised):
+    each step's label_tokens is sum(len - 1) of its samples, the window's denominator is the
+    window's sum, scales add up to 1, and the summed scaled losses' gradient is the gradient
+    of the window's token mean formed sample by sample."""
+    import torch
+    from odb_factory import ODBConfig, ODBDataLoader
+    from odb_factory.loss import scaled_loss
+    from odb_factory.synthetic import LengthDataset, pad_collate
+
+    lengths = [2, 9, 31, 5, 17, 3, 44, 12, 7, 26, 2, 60, 14, 8]
+    ds = LengthDataset(lengths, prompt_fraction=0.0)
+    cfg = ODBConfig(token_budget=64, buffer_size=5, gradient_accumulation_steps=3,
+                    pad_epoch_to_accumulation=True)
+    loader = ODBDataLoader(ds, cfg, collate_fn=pad_collate)
+    model = _model()
+    window, seen, windows = [], [], 0
+    try:
+        for step in loader:
+            assert step.label_tokens == sum(lengths[i] - 1 for i in step.indices)
+            window.append(step)
+            if not step.is_idle:
+                logits = model(step.data["input_ids"])
+                scaled_loss(step, logits, step.data["labels"]).backward()
+            if len(window) < 3:
+                continue
+            ids = [i for s in window for i in s.indices]
+            seen += ids
+            assert {s.global_label_tokens for s in window} == {sum(lengths[i] - 1 for i in ids)}
+            assert sum(s.loss_scale for s in window) == pytest.approx(1.0, rel=1e-12)
+            got = torch.cat([p.grad.flatten() for p in model.parameters()])
+            ref = _reference_grad([ds[i] for i in ids])
+            assert float((got - ref).norm() / ref.norm()) <= 1e-12
+            model.zero_grad()
+            window = []
+            windows += 1
+    finally:
+        loader.close()
+    assert window == [] and windows >= 2
+    assert sorted(seen) == list(range(len(lengths)))

@@ -1,0 +1,159 @@
+"""DefaultCost against hand counts and a brute-force recount written here.
+
+The label data deliberately supervises the first label: a causal LM never predicts it, so the
+shifted count (the loss denominator) is one less than a plain count, and a count taken before
+the shift would show.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from odb_factory import ODBConfig, SampleCost
+from odb_factory.cost import DefaultCost, MissingCostKeyError
+
+IMAGE_PAD, VIDEO_PAD = 151655, 151656
+
+
+def _supervised_after_shift(labels, ignore_index=-100, shift=True):
+    """Brute-force oracle: positions the loss averages over, one by one."""
+    start = 1 if shift else 0
+    return sum(1 for position, label in enumerate(labels) if position >= start and label != ignore_index)
+
+
+# ------------------------------------------------------------------ LLM and label tokens
+
+def test_hand_counted_labels_with_the_first_label_supervised():
+    sample = {"input_ids": [11, 12, 13, 14, 15, 16], "labels": [11, -100, 13, 14, -100, 16]}
+    assert DefaultCost()(sample) == SampleCost(6, 3, 0)          # labels[1:]: 13, 14, 16
+    assert DefaultCost(label_shift=False)(sample) == SampleCost(6, 4, 0)  # 11 counts too
+
+
+def test_a_masked_first_label_counts_the_same_either_way():
+    sample = {"input_ids": [1, 2, 3, 4], "labels": [-100, 2, 3, -100]}
+    assert DefaultCost()(sample).label_tokens == DefaultCost(label_shift=False)(sample).label_tokens == 2
+
+
+@pytest.mark.parametrize("kind", ["list", "tensor", "numpy"])
+def test_container_types_count_alike(kind):
+    ids, labels = [5, 6, 7, 8, 9], [5, -100, -100, 8, 9]
+    convert = {"list": list, "tensor": torch.tensor, "numpy": np.array}[kind]
+    cost = DefaultCost()({"input_ids": convert(ids), "labels": convert(labels)})
+    assert cost == SampleCost(5, 2, 0)
+    assert all(type(v) is int for v in cost)
+
+
+def test_length_is_the_last_dimension_of_a_batched_tensor():
+    sample = {"input_ids": torch.zeros(1, 7, dtype=torch.long), "labels": None}
+    assert DefaultCost()(sample) == SampleCost(7, 7, 0)
+    assert DefaultCost()({"input_ids": torch.tensor(3)}) == SampleCost(1, 1, 0)  # a 0-d id
+
+
+def test_ignore_index_is_the_configured_value():
+    sample = {"input_ids": [1, 2, 3, 4, 5], "labels": [7, -1, -100, -1, 9]}
+    assert DefaultCost(ignore_index=-1)(sample).label_tokens == 2   # -100, 9
+    assert DefaultCost(ignore_index=-100)(sample).label_tokens == 3  # -1, -1, 9
+
+
+def test_without_labels_every_token_is_supervised():
+    ids = [1, 2, 3, 4]
+    assert DefaultCost()({"input_ids": ids}) == SampleCost(4, 4, 0)
+    assert DefaultCost()({"input_ids": ids, "labels": None}) == SampleCost(4, 4, 0)
+    assert DefaultCost(label_key=None)({"input_ids": ids, "labels": [-100] * 4}) == SampleCost(4, 4, 0)
+
+
+def test_custom_keys():
+    cost = DefaultCost(length_key="tokens", label_key="targets")
+    sample = {"tokens": [1, 2, 3], "targets": [1, 2, -100], "input_ids": [0] * 50, "labels": [0] * 50}
+    assert cost(sample) == SampleCost(3, 1, 0)
+
+
+@pytest.mark.parametrize("sample", [{"labels": [1, 2]}, [1, 2, 3], None])
+def test_missing_length_key_names_it(sample):
+    with pytest.raises(MissingCostKeyError, match="no 'input_ids'.*ODBConfig.length_key") as info:
+        DefaultCost()(sample)
+    if isinstance(sample, dict):
+        assert "['labels']" in str(info.value)
+    else:
+        assert type(sample).__name__ in str(info.value)
+
+
+@settings(max_examples=600)
+@given(st.lists(st.sampled_from([-100, -1, 0, 3, 7]), min_size=1, max_size=40),
+       st.sampled_from([-100, -1]), st.booleans(), st.sampled_from(["list", "tensor"]))
+def test_label_count_equals_a_positionwise_recount(labels, ignore_index, shift, kind):
+    convert = torch.tensor if kind == "tensor" else list
+    sample = {"input_ids": convert(list(range(len(labels)))), "labels": convert(labels)}
+    cost = DefaultCost(ignore_index=ignore_index, label_shift=shift)(sample)
+    assert cost.input_tokens == len(labels)
+    assert cost.label_tokens == _supervised_after_shift(labels, ignore_index, shift)
+
+
+# ------------------------------------------------------------------ vision patches
+
+def test_patches_from_the_grid_are_the_sum_of_t_h_w():
+    grid = [[1, 4, 6], [2, 2, 2]]                                   # 24 + 8
+    for value in (grid, torch.tensor(grid), np.array(grid)):
+        assert DefaultCost()({"input_ids": [1], "image_grid_thw": value}).vision_patches == 32
+    assert DefaultCost()({"input_ids": [1], "image_grid_thw": [1, 4, 6]}).vision_patches == 24  # one row
+    assert DefaultCost()({"input_ids": [1], "image_grid_thw": []}).vision_patches == 0
+
+
+def test_a_grid_wins_over_counting_vision_tokens():
+    cost = DefaultCost(vision_token_ids=[IMAGE_PAD])
+    sample = {"input_ids": [IMAGE_PAD] * 5, "image_grid_thw": [[1, 2, 2]]}
+    assert cost(sample).vision_patches == 4
+    assert DefaultCost(image_grid_key="grid")({"input_ids": [1], "grid": [[3, 2, 5]]}).vision_patches == 30
+
+
+@pytest.mark.parametrize("merge", [1, 2, 3])
+def test_without_a_grid_patches_are_vision_pads_times_merge_squared(merge):
+    ids = [1, IMAGE_PAD, IMAGE_PAD, 2, VIDEO_PAD, IMAGE_PAD, 3]       # 3 image pads, 1 video pad
+    image_only = DefaultCost(vision_token_ids=[IMAGE_PAD], spatial_merge_size=merge)
+    both = DefaultCost(vision_token_ids=[IMAGE_PAD, VIDEO_PAD], spatial_merge_size=merge)
+    for value in (ids, torch.tensor(ids)):
+        assert image_only({"input_ids": value}).vision_patches == 3 * merge * merge
+        assert both({"input_ids": value}).vision_patches == 4 * merge * merge
+    assert DefaultCost()({"input_ids": ids}).vision_patches == 0    # no ids configured
+
+
+def test_from_config_takes_every_cost_option():
+    cfg = ODBConfig(length_key="tokens", label_key="targets", ignore_index=-1,
+                    image_grid_key="grid", vision_token_ids=(9,), spatial_merge_size=3,
+                    label_shift=False)
+    cost = DefaultCost.from_config(cfg)
+    sample = {"tokens": [9, 9, 4, 5], "targets": [-1, 4, -100, -1]}
+    assert cost(sample) == SampleCost(4, 2, 2 * 9)                   # unshifted, ignore -1
+    assert cost({"tokens": [9], "grid": [[1, 1, 7]]}).vision_patches == 7
+
+
+def test_vision_patches_reach_the_loader_steps_in_process():
+    """The no-grid path end to end: each step's vision_patches is its samples' hand count."""
+    from odb_factory import ODBDataLoader
+
+    class VisionPads(torch.utils.data.Dataset):
+        pads = [0, 3, 1, 5, 2, 0, 4, 6, 1, 2]
+
+        def __len__(self):
+            return len(self.pads)
+
+        def __getitem__(self, i):
+            ids = torch.tensor([1, 2] + [IMAGE_PAD] * self.pads[i] + [3, 4, 5])
+            return {"input_ids": ids, "labels": ids.clone()}
+
+    cfg = ODBConfig(token_budget=40, buffer_size=4, vision_token_ids=(IMAGE_PAD,),
+                    spatial_merge_size=2, max_vision_patches=32)
+    loader = ODBDataLoader(VisionPads(), cfg)
+    try:
+        seen = []
+        for step in loader:
+            assert step.vision_patches == sum(4 * VisionPads.pads[i] for i in step.indices)
+            assert step.vision_patches <= 32 or step.num_samples == 1
+            seen += step.indices
+    finally:
+        loader.close()
+    assert sorted(seen) == list(range(10))
