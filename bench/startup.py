@@ -67,16 +67,19 @@ def time_to_first_step(lazy: bool, num_samples: int) -> float:
     out.parent.mkdir(parents=True, exist_ok=True)
     path = out.parent / f"{out.name}.yaml"
     path.write_text(yaml.safe_dump(config))
+    log = out.parent / f"{out.name}.log"
     start = time.perf_counter()
     proc = subprocess.Popen([str(LLAMAFACTORY_CLI), "train", str(path)], env=offline_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     first = None
-    for line in proc.stdout:
-        if first is None and "'loss'" in line:
-            first = time.perf_counter() - start
+    with log.open("w") as fh:   # kept so that a failed run can be read afterwards
+        for line in proc.stdout:
+            fh.write(line)
+            if first is None and "'loss'" in line:
+                first = time.perf_counter() - start
     proc.wait()
     if proc.returncode != 0 or first is None:
-        raise RuntimeError(f"start-up run failed ({proc.returncode}); see {out}")
+        raise RuntimeError(f"start-up run failed ({proc.returncode}); see {log}")
     return first
 
 
