@@ -95,11 +95,13 @@ def test_unscaled_ddp_average_is_not_exact():
 # (log-sum-exp minus the target logit), so the denominator is counted independently of
 # odb_factory.loss. The first label is supervised, so counting before the shift shows.
 
-def _hand_mean_ce(logits, labels, shift=True, ignore_index=-100):
+def _hand_row_ce(logits, labels, shift=True, ignore_index=-100):
+    """[(summed CE, supervised tokens)] per row, token by token."""
     import math
-    total, count = 0.0, 0
+    out = []
     rows, length = labels.shape
     for b in range(rows):
+        total, count = 0.0, 0
         for t in range(length - 1 if shift else length):
             target = int(labels[b, t + 1 if shift else t])
             if target == ignore_index:
@@ -108,7 +110,13 @@ def _hand_mean_ce(logits, labels, shift=True, ignore_index=-100):
             top = max(row)
             total += top + math.log(sum(math.exp(x - top) for x in row)) - row[target]
             count += 1
-    return total, count
+        out.append((total, count))
+    return out
+
+
+def _hand_mean_ce(logits, labels, shift=True, ignore_index=-100):
+    rows = _hand_row_ce(logits, labels, shift, ignore_index)
+    return sum(t for t, _ in rows), sum(n for _, n in rows)
 
 
 def _logits_and_labels():
@@ -160,6 +168,45 @@ def test_scaled_loss_is_the_mean_times_the_step_scale():
     unshifted, n = _hand_mean_ce(logits, labels, shift=False)
     got = float(scaled_loss(SimpleNamespace(loss_scale=2.0), logits, labels, shift=False))
     assert got == pytest.approx(2.0 * unshifted / n, rel=1e-12)
+
+
+@pytest.mark.parametrize("shift", [True, False])
+def test_weighted_token_sum_weighs_each_rows_summed_loss(shift):
+    import torch
+    from odb_factory.loss import weighted_token_sum
+    logits, labels = _logits_and_labels()
+    rows = _hand_row_ce(logits, labels, shift)
+    weights = torch.tensor([0.25, 3.0], dtype=torch.float64)
+    got = float(weighted_token_sum(logits, labels, weights, shift=shift))
+    assert got == pytest.approx(0.25 * rows[0][0] + 3.0 * rows[1][0], rel=1e-12)
+    masked = labels.masked_fill(labels == 7, -1)
+    rows = _hand_row_ce(logits, masked.masked_fill(masked == -100, 0), shift, ignore_index=-1)
+    got = float(weighted_token_sum(logits, masked.masked_fill(masked == -100, 0), weights, -1, shift))
+    assert got == pytest.approx(0.25 * rows[0][0] + 3.0 * rows[1][0], rel=1e-12)
+
+
+def test_weighted_loss_uses_the_step_weights_and_keeps_idle_steps_in_the_graph():
+    from types import SimpleNamespace
+    import torch
+    from odb_factory.loss import weighted_loss
+    logits, labels = _logits_and_labels()
+    rows = _hand_row_ce(logits, labels)
+    step = SimpleNamespace(sample_weights=[0.5, 0.125], is_idle=False)
+    assert float(weighted_loss(step, logits, labels)) == pytest.approx(0.5 * rows[0][0] + 0.125 * rows[1][0],
+                                                                       rel=1e-12)
+    unshifted = _hand_row_ce(logits, labels, shift=False)
+    got = float(weighted_loss(step, logits, labels, shift=False))
+    assert got == pytest.approx(0.5 * unshifted[0][0] + 0.125 * unshifted[1][0], rel=1e-12)
+    single = logits.float()
+    got = weighted_loss(step, single, labels)
+    assert got.dtype == torch.float32
+    assert float(got) == pytest.approx(0.5 * rows[0][0] + 0.125 * rows[1][0], rel=1e-5)
+    for idle in (SimpleNamespace(sample_weights=[1.0], is_idle=True),
+                 SimpleNamespace(sample_weights=[], is_idle=False)):
+        leaf = logits.clone().requires_grad_(True)
+        loss = weighted_loss(idle, leaf, labels)
+        loss.backward()
+        assert loss.item() == 0.0 and leaf.grad is not None and leaf.grad.abs().sum().item() == 0.0
 
 
 def test_llamafactory_token_sum_loss_denominator():

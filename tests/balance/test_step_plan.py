@@ -1,0 +1,91 @@
+"""plan_step / moves_by_source (one aligned step's post-balancing) against hand-computed plans."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from odb_factory import SampleCost
+from odb_factory.balance import QWEN3_VL_LLM, BalancePlan, StageCostModel
+from odb_factory.balance.step_plan import BYTES_PER_TOKEN, StepBalance, moves_by_source, plan_step
+
+IDENTITY = StageCostModel(0.0, 1.0, 0.0)   # cost = padded length
+
+
+def c(tokens):
+    return SampleCost(tokens, tokens)
+
+
+def test_padded_plan_rounds_lengths_and_balances_by_hand():
+    # pad to 8: lengths 16, 8 on rank 0 and 24 on rank 1. Best split: {24} | {16, 8} -> 24, 32
+    # (the other one, {24, 16} | {8}, costs 48). Every sample stays where it is.
+    plan = plan_step([[c(9), c(3)], [c(17)]], StepBalance(pad_to_multiple_of=8, cost_model=IDENTITY))
+    assert plan.mode == "padded"
+    assert plan.cost_before == [2 * 16, 24] and sorted(plan.cost_per_rank) == [24, 32]
+    assert plan.lower_bound == max((16 + 8 + 24) / 2, 24)
+    assert plan.destinations == [[(0, 0), (0, 1)], [(1, 0)]] and plan.bytes_moved == 0
+    unpadded = plan_step([[c(9), c(3)], [c(17)]], StepBalance(cost_model=IDENTITY))
+    assert unpadded.cost_before == [2 * 9, 17]
+
+
+def test_padded_plan_moves_samples_and_counts_their_bytes():
+    # Rank 0 holds three 10-token samples, rank 1 none: two ranks of {10, 10} | {10} at best.
+    plan = plan_step([[c(10), c(10), c(10)], []], StepBalance(cost_model=IDENTITY))
+    assert sorted(plan.cost_per_rank) == [10, 20] and plan.cost_before == [30, 0]
+    assert len(plan.moves) == 1 and plan.bytes_moved == 10 * BYTES_PER_TOKEN == 80
+    assert plan.bytes_inter_node == 80                      # one rank per node by default
+    same_node = plan_step([[c(10), c(10), c(10)], []], StepBalance(ranks_per_node=2, cost_model=IDENTITY))
+    assert (same_node.bytes_intra_node, same_node.bytes_inter_node) == (80, 0)
+
+
+def test_default_model_is_the_llm_flop_model_of_the_longest_sample():
+    plan = plan_step([[c(1000), c(10)], [c(300)]], StepBalance())
+    def g(length):  # Qwen3-VL LLM: a * l + b * l ** 2, written out
+        return QWEN3_VL_LLM.a * length + QWEN3_VL_LLM.b * length ** 2
+    assert plan.cost_before == [2 * g(1000), g(300)]
+    assert math.isclose(plan.lower_bound, max((g(1000) + g(10) + g(300)) / 2, g(1000)), rel_tol=1e-12)
+
+
+def test_lpt_plan_sums_model_costs():
+    model = StageCostModel(1.0, 2.0, 0.0)                 # 1 + 2 l
+    plan = plan_step([[c(7), c(5), c(1)], [c(2)]], StepBalance(mode="lpt", pad_to_multiple_of=4,
+                                                                cost_model=model))
+    # lengths 8, 8, 4 | 4 -> costs 17, 17, 9 | 9
+    assert plan.mode == "lpt" and plan.cost_before == [17 + 17 + 9, 9]
+    assert sorted(plan.cost_per_rank) == [17 + 9, 17 + 9]
+    assert plan.target is None
+
+
+def test_min_move_uses_the_tolerance():
+    costs = [[c(10), c(10), c(10), c(10)], [c(10), c(10)]]   # 4 vs 2: lower bound 3 samples
+    tight = plan_step(costs, StepBalance(mode="min_move", tolerance=0.0, cost_model=IDENTITY))
+    assert tight.target == 30 and tight.target_met and sorted(tight.cost_per_rank) == [30, 30]
+    loose = plan_step(costs, StepBalance(mode="min_move", tolerance=0.5, cost_model=IDENTITY))
+    assert loose.target == 45 and loose.moves == [] and loose.cost_per_rank == [40, 20]
+
+
+@pytest.mark.parametrize("mode", ["padded", "lpt", "min_move"])
+def test_token_cap_is_respected_or_the_step_stays_as_aligned(mode):
+    costs = [[c(30), c(30), c(30)], [c(10)]]
+    plan = plan_step(costs, StepBalance(mode=mode, token_cap=60, cost_model=IDENTITY))
+    assert plan is not None
+    for dest in plan.destinations:
+        lengths = [costs[r][p].input_tokens for r, p in dest]
+        assert len(lengths) * max(lengths, default=0) <= 60
+    assert plan_step(costs, StepBalance(mode=mode, token_cap=50, cost_model=IDENTITY)) is None
+
+
+def test_an_empty_step_has_no_plan():
+    assert plan_step([[], []], StepBalance()) is None
+    assert plan_step([], StepBalance()) is None
+
+
+def test_moves_by_source_lists_my_leaving_samples_with_their_place_at_the_destination():
+    plan = BalancePlan(mode="lpt", placement="naive",
+                       destinations=[[(0, 0), (1, 1)], [(0, 1), (1, 0), (0, 2)], [(2, 0)]],
+                       cost_before=[0.0] * 3, cost_per_rank=[0.0] * 3, lower_bound=0.0,
+                       bytes_moved=0.0, bytes_intra_node=0.0, bytes_inter_node=0.0)
+    assert moves_by_source(plan, 0) == [(1, 1, 0), (2, 1, 2)]
+    assert moves_by_source(plan, 1) == [(1, 0, 1)]
+    assert moves_by_source(plan, 2) == []
