@@ -13,7 +13,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test demo bench clean mutation
 
 venv: $(STAMP)
 
@@ -39,6 +39,33 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.run --quick=$(QUICK)
+
+# Mutation testing of the pure core; not part of `make test` or CI (it takes hours on 2 cores).
+# mutmut mutates a copy under build/mutation (the working tree is never touched) and runs only
+# the fast in-process tests on each mutant. Workers fork from a server that has not run torch,
+# and torch runs single-threaded (a fork after torch's thread pool started can hang).
+# Afterwards `cd build/mutation && ../../.venv/bin/mutmut show NAME` prints a mutant's diff and
+# `../../.venv/bin/mutmut run NAME...` re-runs chosen mutants; the target itself starts afresh.
+MUTATION_DIR := build/mutation
+MUTATION_TESTS := tests/planning tests/balance tests/test_cost.py tests/test_loss_exact.py
+mutation: $(STAMP)
+	rm -rf $(MUTATION_DIR)
+	mkdir -p $(MUTATION_DIR)
+	cp -r --parents odb_factory tests/__init__.py tests/conftest.py tests/helpers $(MUTATION_TESTS) $(MUTATION_DIR)/
+	find $(MUTATION_DIR) -name __pycache__ -prune -exec rm -rf {} +
+	printf '%s\n' '[mutmut]' 'source_paths = odb_factory' \
+	  'only_mutate =' '    odb_factory/planning/*' '    odb_factory/balance/*' \
+	  '    odb_factory/cost.py' '    odb_factory/loss.py' \
+	  'do_not_mutate =' '    odb_factory/balance/vision_plan.py' '    */__init__.py' \
+	  'process_isolation = forkserver' \
+	  'pytest_add_cli_args =' '    -p' '    no:cacheprovider' \
+	  '    -k' '    not test_scaled_gradients_equal_global_token_mean' \
+	  'pytest_add_cli_args_test_selection =' $(addprefix '    ,$(addsuffix ',$(MUTATION_TESTS))) \
+	  '[tool:pytest]' 'markers =' '    slow: multi-process or end-to-end tests' \
+	  > $(MUTATION_DIR)/setup.cfg
+	cd $(MUTATION_DIR) && OMP_NUM_THREADS=1 $(CURDIR)/$(PY) -m mutmut run
+	cd $(MUTATION_DIR) && $(CURDIR)/$(PY) -m mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json
+	cd $(MUTATION_DIR) && $(CURDIR)/$(PY) -m mutmut results
 
 clean:
 	rm -rf $(VENV) build *.egg-info bench/results
