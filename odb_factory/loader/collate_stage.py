@@ -12,20 +12,26 @@ import queue
 import threading
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset, Sampler, get_worker_info
 
+from .payload import Compact, unpack
 from .planner_thread import END_OF_EPOCH, PlannerFailure, StepPlan
 
 
 class CollateJob(Dataset):
-    """job[plan] -> (plan without its samples, collate_fn(samples))."""
+    """job[plan] -> (plan without its samples, collate_fn(samples)).
+
+    The samples arrive packed (payload.py) and are unpacked here, once; in a collate worker
+    the result goes back as one blob too."""
 
     def __init__(self, collate_fn: Callable[[List[Any]], Any]):
         self.collate_fn = collate_fn
 
     def __getitem__(self, plan: StepPlan) -> Tuple[StepPlan, Any]:
-        data = self.collate_fn(plan.samples)
+        data = self.collate_fn([unpack(sample) for sample in plan.samples])
         plan.samples = []  # do not ship the samples back
+        if get_worker_info() is not None:
+            data = Compact(data)
         return plan, data
 
 

@@ -1,7 +1,7 @@
 """ODBDataLoader: the public loader that yields aligned, token-budgeted steps.
 
 Pipeline per rank (docs/dgap.md has the protocol):
-  sample workers (dataset pipeline + cost, null collate)
+  sample workers (dataset pipeline + cost; chunks of samples, each packed as bytes)
     -> planner thread (window, grouping, alignment over the Gloo side channel)
     -> collation workers (user collate_fn, one group each, in parallel)
     -> training loop (ODBBatch with exact loss scale)
@@ -27,7 +27,8 @@ from ..planning.views import cycling_view, epoch_view
 from .step_rebalancer import StepRebalancer
 from .batch import ODBBatch
 from .collate_stage import CollateJob, PlanSampler
-from .sample_stage import CostedDataset, ViewSampler, identity, in_thread_samples, named_worker_deaths
+from .sample_stage import (CostedDataset, PackedChunks, ViewSampler, chunk_size, identity,
+                           in_thread_samples, named_worker_deaths, worker_samples)
 from .metrics import LoaderMetrics
 from .planner_thread import OptimizerStepSpec, PlannerThread, SampleStore, StepPlan
 from ..comm.channel import SyncChannel
@@ -111,16 +112,17 @@ class ODBDataLoader:
         self._last_epoch_end: Optional[tuple] = None   # (epoch, last step) of the last iteration
         self._active: Optional[Iterator[ODBBatch]] = None
         self.metrics = LoaderMetrics()
-        self._view_sampler = ViewSampler()
+        self._view_sampler = ViewSampler(chunk_size(config.buffer_size, config.num_workers))
         self._plan_sampler = PlanSampler()
-        self._sample_loader = self._make_loader(self._costed, self._view_sampler, config.num_workers)
+        self._sample_loader = self._make_loader(PackedChunks(self._costed), self._view_sampler,
+                                                config.num_workers)
         self._collate_loader = self._make_loader(CollateJob(collate_fn), self._plan_sampler,
                                                  config.num_collate_workers)
         start_workers([loader for loader in (self._sample_loader, self._collate_loader)
                        if loader is not None])
 
     def _make_loader(self, dataset, sampler, workers: int) -> Optional[DataLoader]:
-        if workers == 0 and dataset is self._costed:
+        if workers == 0 and isinstance(dataset, PackedChunks):
             return None  # the planner thread runs the pipeline itself
         kwargs = dict(batch_size=None, sampler=sampler, collate_fn=identity, num_workers=workers)
         if workers > 0:
@@ -237,10 +239,10 @@ class ODBDataLoader:
         else:
             order = view
         if self._sample_loader is None:
-            samples = in_thread_samples(self._costed, order)
+            samples = in_thread_samples(self._costed, order, packed=self._collate_loader is not None)
         else:
             self._view_sampler.order = order
-            samples = named_worker_deaths(self._sample_loader, "sample", self.rank)
+            samples = worker_samples(self._sample_loader, self.rank)
         store = SampleStore(samples)
         planner = None if optimizer_steps is not None else RankPlanner(
             Budget.from_config(cfg), cfg.buffer_size, store.stream(), rank=self.rank,
