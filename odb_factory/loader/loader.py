@@ -122,13 +122,13 @@ class ODBDataLoader:
                        if loader is not None])
 
     def _make_loader(self, dataset, sampler, workers: int) -> Optional[DataLoader]:
-        if workers == 0 and isinstance(dataset, PackedChunks):
-            return None  # the planner thread runs the pipeline itself
-        kwargs = dict(batch_size=None, sampler=sampler, collate_fn=identity, num_workers=workers)
-        if workers > 0:
-            kwargs.update(persistent_workers=True, prefetch_factor=self.config.prefetch_factor,
+        if workers == 0:
+            return None  # the stage runs in this process: pipeline in the planner thread,
+                         # collation in the training thread
+        return DataLoader(dataset, batch_size=None, sampler=sampler, collate_fn=identity,
+                          num_workers=workers, persistent_workers=True,
+                          prefetch_factor=self.config.prefetch_factor,
                           multiprocessing_context=self.config.multiprocessing_context)
-        return DataLoader(dataset, **kwargs)
 
     # ---------------------------------------------------------------- epochs and state
     def set_epoch(self, epoch: int) -> None:
@@ -239,7 +239,7 @@ class ODBDataLoader:
         else:
             order = view
         if self._sample_loader is None:
-            samples = in_thread_samples(self._costed, order, packed=self._collate_loader is not None)
+            samples = in_thread_samples(self._costed, order, packed=cfg.num_collate_workers > 0)
         else:
             self._view_sampler.order = order
             samples = worker_samples(self._sample_loader, self.rank)
