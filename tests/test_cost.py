@@ -126,8 +126,8 @@ def test_from_config_takes_every_cost_option():
                     image_grid_key="grid", vision_token_ids=(9,), spatial_merge_size=3,
                     label_shift=False)
     cost = DefaultCost.from_config(cfg)
-    sample = {"tokens": [9, 9, 4, 5], "targets": [-1, 4, -100, -1]}
-    assert cost(sample) == SampleCost(4, 2, 2 * 9)                   # unshifted, ignore -1
+    sample = {"tokens": [9, 9, 4, 5], "targets": [3, 4, -100, -1]}
+    assert cost(sample) == SampleCost(4, 3, 2 * 9)                   # unshifted (3 counts), ignore -1
     assert cost({"tokens": [9], "grid": [[1, 1, 7]]}).vision_patches == 7
 
 

@@ -179,6 +179,8 @@ def test_weighted_token_sum_weighs_each_rows_summed_loss(shift):
     weights = torch.tensor([0.25, 3.0], dtype=torch.float64)
     got = float(weighted_token_sum(logits, labels, weights, shift=shift))
     assert got == pytest.approx(0.25 * rows[0][0] + 3.0 * rows[1][0], rel=1e-12)
+    if shift:  # the default
+        assert float(weighted_token_sum(logits, labels, weights)) == pytest.approx(got, rel=1e-12)
     masked = labels.masked_fill(labels == 7, -1)
     rows = _hand_row_ce(logits, masked.masked_fill(masked == -100, 0), shift, ignore_index=-1)
     got = float(weighted_token_sum(logits, masked.masked_fill(masked == -100, 0), weights, -1, shift))
@@ -191,16 +193,17 @@ def test_weighted_loss_uses_the_step_weights_and_keeps_idle_steps_in_the_graph()
     from odb_factory.loss import weighted_loss
     logits, labels = _logits_and_labels()
     rows = _hand_row_ce(logits, labels)
-    step = SimpleNamespace(sample_weights=[0.5, 0.125], is_idle=False)
-    assert float(weighted_loss(step, logits, labels)) == pytest.approx(0.5 * rows[0][0] + 0.125 * rows[1][0],
-                                                                       rel=1e-12)
+    w = [0.1, 1 / 3]  # not float32 numbers: fp64 logits need fp64 weights to stay exact
+    step = SimpleNamespace(sample_weights=w, is_idle=False)
+    assert float(weighted_loss(step, logits, labels)) == pytest.approx(w[0] * rows[0][0] + w[1] * rows[1][0],
+                                                                       rel=1e-13)
     unshifted = _hand_row_ce(logits, labels, shift=False)
     got = float(weighted_loss(step, logits, labels, shift=False))
-    assert got == pytest.approx(0.5 * unshifted[0][0] + 0.125 * unshifted[1][0], rel=1e-12)
+    assert got == pytest.approx(w[0] * unshifted[0][0] + w[1] * unshifted[1][0], rel=1e-13)
     single = logits.float()
     got = weighted_loss(step, single, labels)
     assert got.dtype == torch.float32
-    assert float(got) == pytest.approx(0.5 * rows[0][0] + 0.125 * rows[1][0], rel=1e-5)
+    assert float(got) == pytest.approx(w[0] * rows[0][0] + w[1] * rows[1][0], rel=1e-5)
     for idle in (SimpleNamespace(sample_weights=[1.0], is_idle=True),
                  SimpleNamespace(sample_weights=[], is_idle=False)):
         leaf = logits.clone().requires_grad_(True)

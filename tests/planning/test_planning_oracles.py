@@ -405,3 +405,28 @@ def test_cycling_view_repeats_reshuffled_views():
     resumed = cycling_view(view, 0, 0, 0, start=[4, 9])
     assert [next(resumed) for _ in range(7)] == [4, 9] + first[5:10]
     assert list(cycling_view([], 0, 0, 0)) == []
+
+
+# ------------------------------------------------------------------ samples mode (optimizer_steps)
+
+def test_standard_weights_by_hand():
+    from odb_factory.planning.optimizer_steps import (MICRO_MEAN, TOKEN_MEAN, StandardStep,
+                                                      sample_weights, weights_by_uid)
+    step = StandardStep(((4, 7), (1,), (9, 2)))
+    tokens = [3, 5, 0, 6, 2]                       # micro-batches hold 8, 0 and 8 tokens
+    assert step.indices == [4, 7, 1, 9, 2]
+    assert sample_weights(step, tokens, MICRO_MEAN, 2, 99) == [1 / 24, 1 / 24, 0.0, 1 / 24, 1 / 24]
+    assert sample_weights(step, tokens, TOKEN_MEAN, 4, 40) == [0.1] * 5
+    assert sample_weights(step, tokens, TOKEN_MEAN, 4, 0) == [0.0] * 5
+    with pytest.raises(ValueError, match=r"^unknown Standard loss normalization 'mean'$"):
+        sample_weights(step, tokens, "mean", 1, 16)
+    samples = [sample(10, 5), sample(11, 6)]
+    assert weights_by_uid(samples, [0.5, 0.25]) == {10: 0.5, 11: 0.25}
+
+
+def test_fixed_batch_steps_shuffle_by_default():
+    from odb_factory.planning.optimizer_steps import fixed_batch_steps
+    default = fixed_batch_steps(40, 1, 0, 4, 2, seed=3, epoch=0)
+    assert default == fixed_batch_steps(40, 1, 0, 4, 2, seed=3, epoch=0, shuffle=True)
+    plain = fixed_batch_steps(40, 1, 0, 4, 2, seed=3, epoch=0, shuffle=False)
+    assert plain[0].micro_batches == ((0, 1, 2, 3), (4, 5, 6, 7)) and default != plain
