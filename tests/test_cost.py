@@ -40,10 +40,10 @@ def test_a_masked_first_label_counts_the_same_either_way():
 
 @pytest.mark.parametrize("kind", ["list", "tensor", "numpy"])
 def test_container_types_count_alike(kind):
-    ids, labels = [5, 6, 7, 8, 9], [5, -100, -100, 8, 9]
+    ids, labels = [5, 6, 7, 8, 9], [5, -100, 7, 8, 9]
     convert = {"list": list, "tensor": torch.tensor, "numpy": np.array}[kind]
     cost = DefaultCost()({"input_ids": convert(ids), "labels": convert(labels)})
-    assert cost == SampleCost(5, 2, 0)
+    assert cost == SampleCost(5, 3, 0)                     # 7, 8, 9 (the masked one is not counted)
     assert all(type(v) is int for v in cost)
 
 
@@ -119,6 +119,7 @@ def test_without_a_grid_patches_are_vision_pads_times_merge_squared(merge):
         assert image_only({"input_ids": value}).vision_patches == 3 * merge * merge
         assert both({"input_ids": value}).vision_patches == 4 * merge * merge
     assert DefaultCost()({"input_ids": ids}).vision_patches == 0    # no ids configured
+    assert DefaultCost(vision_token_ids=[IMAGE_PAD])({"input_ids": ids}).vision_patches == 3 * 4  # merge 2
 
 
 def test_from_config_takes_every_cost_option():

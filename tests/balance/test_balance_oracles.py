@@ -179,6 +179,21 @@ def test_repair_reports_infeasible_token_caps(kwargs):
         balance(costs, 8, "min_move", **kwargs)
 
 
+@pytest.mark.parametrize("costs, lengths, cap, message", [
+    # LPT puts 10 and 10 on separate ranks, then the 20 fits nowhere; {10, 10} | {20} fits
+    ([[10.0, 9.0, 1.0], []], [[10, 10, 20], []], 20,
+     r"^LPT could not place a sample of cost 1 and length 20 within max_padded_tokens_per_rank=20 "
+     r"although a feasible placement exists; use mode='padded' \(exact under caps\) or relax the caps$"),
+    ([[1.0, 1.0], []], [[50, 1], []], 40,
+     r"^infeasible caps: 2 samples cannot be placed on 2 ranks with max_padded_tokens_per_rank=40$"),
+    ([[1.0, 1.0, 1.0], []], [[30, 30, 30], []], 40,
+     r"^infeasible caps: 3 samples cannot be placed on 2 ranks with max_padded_tokens_per_rank=40$"),
+])
+def test_lpt_failure_says_whether_the_caps_are_feasible(costs, lengths, cap, message):
+    with pytest.raises(ValueError, match=message):
+        balance(costs, 8, "lpt", lengths_per_rank=lengths, max_padded_tokens_per_rank=cap)
+
+
 # ------------------------------------------------------------------ cost-model fit quality
 
 def _lstsq_quality(lengths, times):
