@@ -42,8 +42,9 @@ bench: $(STAMP)
 
 # Mutation testing of the pure core; not part of `make test` or CI (it takes hours on 2 cores).
 # mutmut mutates a copy under build/mutation (the working tree is never touched) and runs only
-# the fast in-process tests on each mutant. Workers fork from a server that has not run torch,
-# and torch runs single-threaded (a fork after torch's thread pool started can hang).
+# the fast in-process tests on each mutant, with hypothesis stopping at the first failing example
+# (tests/conftest.py's "mutation" profile: no shrinking). Workers fork from a server that has not
+# run torch, and torch runs single-threaded (a fork after torch's thread pool started can hang).
 # Afterwards `cd build/mutation && ../../.venv/bin/mutmut show NAME` prints a mutant's diff and
 # `../../.venv/bin/mutmut run NAME...` re-runs chosen mutants; the target itself starts afresh.
 MUTATION_DIR := build/mutation
@@ -63,7 +64,7 @@ mutation: $(STAMP)
 	  'pytest_add_cli_args_test_selection =' $(addprefix '    ,$(addsuffix ',$(MUTATION_TESTS))) \
 	  '[tool:pytest]' 'markers =' '    slow: multi-process or end-to-end tests' \
 	  > $(MUTATION_DIR)/setup.cfg
-	cd $(MUTATION_DIR) && OMP_NUM_THREADS=1 $(CURDIR)/$(PY) -m mutmut run
+	cd $(MUTATION_DIR) && HYPOTHESIS_PROFILE=mutation OMP_NUM_THREADS=1 $(CURDIR)/$(PY) -m mutmut run
 	cd $(MUTATION_DIR) && $(CURDIR)/$(PY) -m mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json
 	cd $(MUTATION_DIR) && $(CURDIR)/$(PY) -m mutmut results
 

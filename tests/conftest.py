@@ -6,7 +6,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 # Property tests run a fixed set of examples (derandomize: seeded from each test's source), so a
 # failure reproduces on every run and machine; print_blob prints the @reproduce_failure line.
@@ -15,6 +15,10 @@ settings.register_profile("odb", derandomize=True, print_blob=True, deadline=Non
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("explore", print_blob=True, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
+# `make mutation`: the same examples, stopping at the first failure without shrinking it.
+settings.register_profile("mutation", settings.get_profile("odb"), print_blob=False,
+                          report_multiple_bugs=False,
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "odb"))
 
 

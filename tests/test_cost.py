@@ -72,6 +72,15 @@ def test_custom_keys():
     assert cost(sample) == SampleCost(3, 1, 0)
 
 
+def test_a_sample_without_get_is_measured_by_its_ids():
+    class Row:  # indexable by key, but no .get(): no labels or grid can be looked up
+        def __getitem__(self, key):
+            return {"input_ids": [1, 2, 3, IMAGE_PAD]}[key]
+
+    cost = DefaultCost(vision_token_ids=[IMAGE_PAD], spatial_merge_size=1)
+    assert cost(Row()) == SampleCost(4, 4, 1)
+
+
 @pytest.mark.parametrize("sample", [{"labels": [1, 2]}, [1, 2, 3], None])
 def test_missing_length_key_names_it(sample):
     with pytest.raises(MissingCostKeyError, match="no 'input_ids'.*ODBConfig.length_key") as info:

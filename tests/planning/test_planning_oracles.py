@@ -430,3 +430,14 @@ def test_fixed_batch_steps_shuffle_by_default():
     assert default == fixed_batch_steps(40, 1, 0, 4, 2, seed=3, epoch=0, shuffle=True)
     plain = fixed_batch_steps(40, 1, 0, 4, 2, seed=3, epoch=0, shuffle=False)
     assert plain[0].micro_batches == ((0, 1, 2, 3), (4, 5, 6, 7)) and default != plain
+
+
+def test_pack_and_align_step_guards():
+    from odb_factory.planning.optimizer_steps import align_step, pack_step
+    with pytest.raises(OverBudgetError, match="sample 5 costs 50 tokens"):
+        pack_step([sample(5, 50)], Budget(40), "error")
+    assert uids(pack_step([sample(5, 50)], Budget(40), "singleton")) == [[5]]
+    groups = [[sample(0, 5)], [sample(1, 5)]]
+    assert uids(align_step(groups, [2, 3], Budget(10))) == [[0], [1], []]
+    with pytest.raises(AssertionError, match="^a rank holds more groups than the step's target$"):
+        align_step(groups, [1], Budget(10))
