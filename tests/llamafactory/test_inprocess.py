@@ -126,7 +126,8 @@ def test_command_line_overrides_reach_odb(lf, tmp_path, tiny_model, demo_data, m
     from llamafactory.hparams.parser import read_args
     from odb_factory.llamafactory import state
     path = tmp_path / "r.yaml"
-    path.write_text(yaml.safe_dump(base_yaml(tiny_model, demo_data, tmp_path / "o", odb_enable=True)))
+    path.write_text(yaml.safe_dump(base_yaml(tiny_model, demo_data, tmp_path / "o", odb_enable=True,
+                                             odb_step="groups")))
     monkeypatch.setattr(sys, "argv", ["x", str(path), "odb_token_budget=8192", "odb_join=false"])
     lf[0](read_args())
     assert state.current.config.token_budget == 8192 and state.current.config.join is False
