@@ -3,7 +3,7 @@
 torch's worker queues move every CPU tensor through its own shared-memory segment, whose
 file descriptor is handed over on a socket: that costs milliseconds per tensor, far more
 than copying the few kilobytes of a token sample. A blob carries CPU tensors' bytes inline
-instead (one copy in, one copy out):
+instead, so a tensor costs a memory copy, not a segment and a socket round trip:
 
 * `pack(sample)` -> `Packed`: a sample crosses from its sample worker, through planning
   (which reads only its cost), to whoever collates it as plain bytes, and is unpickled once,
@@ -19,6 +19,7 @@ numpy lacks) is pickled as before: slower, still correct.
 
 from __future__ import annotations
 
+import copyreg
 import io
 import pickle
 from multiprocessing.reduction import ForkingPickler
@@ -33,34 +34,39 @@ def _tensor(buffer: bytearray, dtype: torch.dtype, shape: tuple) -> torch.Tensor
     """Rebuild a tensor over its unpickled (writable) buffer, without another copy."""
     if not buffer:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
+    flat = torch.frombuffer(buffer, dtype=dtype)
+    return flat if len(shape) == 1 else flat.reshape(shape)
 
 
-def _inline(obj: Any, limit: Optional[int]) -> Any:
-    """The reduction that carries a plain CPU tensor's bytes in the pickle, or
-    NotImplemented (the pickler's own reduction) for anything else."""
-    if type(obj) is not torch.Tensor:
-        return NotImplemented
+def _inline(tensor: torch.Tensor, limit: Optional[int]) -> Optional[tuple]:
+    """The reduction that carries a plain CPU tensor's bytes in the pickle, or None when
+    the tensor is not one (or is larger than `limit`)."""
     try:
-        array = obj.numpy()  # raises for CUDA, autograd, sparse, quantized, bfloat16 ...
+        array = tensor.numpy()  # raises for CUDA, autograd, sparse, quantized, bfloat16 ...
     except (TypeError, RuntimeError):
-        return NotImplemented
+        return None
     if limit is not None and array.nbytes > limit:
-        return NotImplemented
+        return None
     if not array.flags.c_contiguous:
         array = array.copy()
     # a writable buffer pickles in-band as a bytearray: the rebuilt tensor is writable too
-    return _tensor, (pickle.PickleBuffer(array), obj.dtype, tuple(obj.shape))
+    return _tensor, (pickle.PickleBuffer(array), tensor.dtype, array.shape)
+
+
+def _reduce_sample_tensor(tensor: torch.Tensor) -> tuple:
+    return _inline(tensor, None) or tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
 
 
 class _SamplePickler(pickle.Pickler):
-    def reducer_override(self, obj: Any) -> Any:
-        return _inline(obj, None)
+    # exact type: tensor subclasses keep their own reduction
+    dispatch_table = {**copyreg.dispatch_table, torch.Tensor: _reduce_sample_tensor}
 
 
 class _ResultPickler(ForkingPickler):  # torch registers its shared-memory reductions here
     def reducer_override(self, obj: Any) -> Any:
-        return _inline(obj, SHARED_ABOVE)
+        if type(obj) is not torch.Tensor:
+            return NotImplemented
+        return _inline(obj, SHARED_ABOVE) or NotImplemented
 
 
 def _dumps(obj: Any, pickler: type) -> bytes:
