@@ -146,7 +146,8 @@ def llamafactory_workload(n: int) -> Optional[Workload]:
     odb_factory_patches.apply()
     recipe = yaml.safe_load((REPO / "recipes/tiny/qwen3vl_tiny_odb.yaml").read_text())
     build_tiny_qwen3vl(REPO / recipe["model_name_or_path"], seed=0)
-    write_demo_dataset(REPO / recipe["dataset_dir"], seed=0)
+    if not (REPO / recipe["dataset_dir"] / "dataset_info.json").exists():
+        write_demo_dataset(REPO / recipe["dataset_dir"], seed=0)
     config = dict(recipe, model_name_or_path=str(REPO / recipe["model_name_or_path"]),
                   dataset_dir=str(REPO / recipe["dataset_dir"]), max_samples=n,
                   output_dir=tempfile.mkdtemp(prefix="odb_engine_"))
@@ -206,7 +207,7 @@ def loader_throughput(work: Workload, workers: int, repeats: int) -> List[dict]:
 
 def loader_section(quick: bool, repeats: int) -> str:
     works = [synthetic_workload(4000 if quick else 20000)]
-    lf = llamafactory_workload(64 if quick else 256)
+    lf = llamafactory_workload(256 if quick else 512)
     works += [lf] if lf is not None else []
     rows = [row for work in works for workers in (0, 2)
             for row in loader_throughput(work, workers, repeats)]
@@ -230,7 +231,7 @@ def main(argv=None) -> str:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--loader-only", action="store_true", help="only the loader throughput")
     parser.add_argument("--repeats", type=int, default=None,
-                        help="loader epochs per loader (default: 2 quick, 3 full)")
+                        help="timed epochs per loader (default: 3 quick, 5 full)")
     args = parser.parse_args(argv)
     report = []
     if not args.loader_only:
@@ -240,7 +241,7 @@ def main(argv=None) -> str:
         profiles.update(demo_lengths())
         rows = batching_table(profiles, budget=8192, world=8, window=256)
         report += ["## Batching on the same samples (budget 8192 tokens, window 256)", markdown(rows)]
-    report.append(loader_section(args.quick, args.repeats or (2 if args.quick else 3)))
+    report.append(loader_section(args.quick, args.repeats or (3 if args.quick else 5)))
     text = "\n\n".join(report)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "engine.md").write_text(text + "\n")
