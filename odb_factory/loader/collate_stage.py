@@ -4,6 +4,7 @@ The collation pool is a second torch DataLoader whose sampler yields planned ste
 their samples) straight from the planner's queue and whose "dataset" applies the user's
 collate function: public DataLoader API only, ordered results, worker errors with their
 original traceback, and `num_collate_workers` processes working on different groups.
+With no collate workers the training thread runs CollateJob itself, without a DataLoader.
 """
 
 from __future__ import annotations
