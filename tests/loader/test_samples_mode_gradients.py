@@ -83,7 +83,6 @@ def _odb_rank(rank, world, batch_size, accumulation, normalization, budget, bala
     (2, 1, 4, "micro_mean", 256, False),
     (2, 2, 3, "exact", 384, False),
     (3, 2, 2, "micro_mean", 300, False),
-    (3, 2, 3, "micro_mean", 600, True),     # post-balanced: samples move, their weights with them
 ])
 def test_samples_mode_step_equals_the_fixed_batch_step(world, batch_size, accumulation, normalization, budget,
                                                        balance):
