@@ -93,6 +93,14 @@ def test_node_traffic_and_inter_bytes_by_hand():
     assert node_traffic(a3, np.array([0, 1, 2]), 1) == 10.0
     assert _inter_bytes(a3, np.array([0, 1, 2]), nodes_of(3, 1)) == 10.0
     assert node_traffic(a3, np.array([2, 0, 1]), 1) == 4.0     # group 0 on rank 2: only 4 travels
+    # node 1 sends 4 + 5 in two groups (egress is per node, not per group)
+    a3b = np.array([[0.0, 4, 0], [0, 5, 0], [0, 0, 0]])
+    assert node_traffic(a3b, np.array([0, 2, 1]), 1) == 9.0
+    # node 0 receives 4 (from node 1) + 5 (from node 2) in two groups
+    a6 = np.zeros((6, 6))
+    a6[0, 2], a6[1, 4] = 4.0, 5.0
+    assert node_traffic(a6, np.arange(6), 2) == 9.0
+    assert _keys_by_hand(a3b, [0, 2, 1], 1)[0] == _keys_by_hand(a6, list(range(6)), 2)[0] == 9.0
 
 
 @st.composite
@@ -133,6 +141,27 @@ def test_milp_beats_assignment_with_two_nodes():
     traffic = {method: _keys_by_hand(a, place(groups, s.src, s.size, 4, 2, method), 2)[0]
                for method in ("assignment", "milp")}
     assert traffic == {"assignment": 8.0, "milp": 4.0}
+
+
+def test_milp_second_stage_lowers_inter_node_bytes():
+    """An instance where the busiest-node optimum is not unique: the second MILP (least
+    inter-node bytes at that traffic) is what reaches the lexicographic optimum (32, 62)."""
+    costs = [[], [4.0], [4.0, 1.0, 3.0], [7.0, 6.0], [2.0, 8.0, 1.0], [3.0, 2.0]]
+    sizes = [[], [19], [9, 16, 7], [4, 22], [12, 20, 20], [28, 12]]
+    s = flatten(costs, sizes)
+    groups = lpt_groups(s.cost, 6)
+    a = group_bytes(groups, s.src, s.size, 6)
+    best = min(_keys_by_hand(a, p, 2) for p in itertools.permutations(range(6)))
+    assert best[:2] == (32.0, 62.0)
+    assert _keys_by_hand(a, place(groups, s.src, s.size, 6, 2, "milp"), 2) == best
+    plan = balance(costs, 2, placement="milp", sizes_per_rank=sizes)
+    assert plan.bytes_inter_node == 62.0
+
+
+def test_min_move_reports_infeasible_sample_caps():
+    with pytest.raises(ValueError, match=r"^infeasible caps: 6 samples cannot be placed on 2 ranks with "
+                                         r"max_samples_per_rank=2$"):
+        balance([[1.0] * 6, []], 8, "min_move", max_samples_per_rank=2)
 
 
 def test_milp_is_quiet(capfd):
