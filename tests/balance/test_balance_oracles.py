@@ -263,3 +263,16 @@ def test_fit_error_messages_are_whole():
         fit_stage_cost_model([1, 2], [1.0])
     with pytest.raises(ValueError, match=r"^times must be finite and non-negative$"):
         fit_stage_cost_model([1], [-1.0])
+
+
+@pytest.mark.parametrize("cap", [0, -1.0, float("nan"), float("inf"), True, "40"])
+def test_token_cap_must_be_a_positive_finite_number(cap):
+    with pytest.raises(ValueError, match=r"^max_padded_tokens_per_rank must be finite and > 0, got "):
+        balance([[1.0]], 8, lengths_per_rank=[[1]], max_padded_tokens_per_rank=cap)
+
+
+def test_both_caps_are_named_in_errors():
+    with pytest.raises(ValueError, match=r"^infeasible caps: 3 samples cannot be placed on 1 ranks with "
+                                         r"max_samples_per_rank=2 and max_padded_tokens_per_rank=40$"):
+        balance([[1.0] * 3], 8, "padded", lengths_per_rank=[[5, 5, 5]], max_samples_per_rank=2,
+                max_padded_tokens_per_rank=40)

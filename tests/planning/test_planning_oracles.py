@@ -441,3 +441,13 @@ def test_pack_and_align_step_guards():
     assert uids(align_step(groups, [2, 3], Budget(10))) == [[0], [1], []]
     with pytest.raises(AssertionError, match="^a rank holds more groups than the step's target$"):
         align_step(groups, [1], Budget(10))
+
+
+def test_simulate_epoch_defaults_to_epoch_zero_views_and_the_configs_policy():
+    costs = [SampleCost(5, 5)] * 30
+    cfg = ODBConfig(token_budget=20, buffer_size=4, seed=2)
+    sim = simulate_epoch(costs, cfg, 3)
+    assert sim.views == [epoch_view(30, 3, r, 2, 0, True) for r in range(3)]
+    assert simulate_epoch(costs, cfg, 3, epoch=1).views == [epoch_view(30, 3, r, 2, 1, True) for r in range(3)]
+    with pytest.raises(OverBudgetError, match="sample 1 costs 50 tokens"):
+        simulate_epoch([SampleCost(5, 5), SampleCost(50, 5)], ODBConfig(token_budget=20, over_budget="error"), 1)
