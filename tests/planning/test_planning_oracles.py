@@ -451,3 +451,10 @@ def test_simulate_epoch_defaults_to_epoch_zero_views_and_the_configs_policy():
     assert simulate_epoch(costs, cfg, 3, epoch=1).views == [epoch_view(30, 3, r, 2, 1, True) for r in range(3)]
     with pytest.raises(OverBudgetError, match="sample 1 costs 50 tokens"):
         simulate_epoch([SampleCost(5, 5), SampleCost(50, 5)], ODBConfig(token_budget=20, over_budget="error"), 1)
+
+
+def test_close_round_needs_a_planned_round():
+    p = RankPlanner(Budget(10), 4, iter([sample(0, 5)]))
+    p.begin_round()
+    with pytest.raises(RuntimeError, match=r"^close_round\(\) follows a plan_round\(\) that did not finish"):
+        p.close_round([[]])  # not finished, but nothing planned yet
