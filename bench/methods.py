@@ -19,6 +19,8 @@ Methods (bench/README.md explains each and its knobs):
   packing           text only: greedy knapsack to sum(len) <= budget (varlen attention)
   peer              online-dynamic-batching 0.1.2 `grouping_data` per rank and window
   odb / odb_nonjoin odb_factory.planning.simulate_epoch (join / non-join)
+  odb_samples       ODB `step_mode="samples"`: a Standard schedule's optimizer steps, each
+                    rank's share packed into token-budgeted micro-batches, counts aligned
   odb_balanced      ODB, then every step re-balanced across ranks with odb_factory.balance
   odb_balanced_2stage  the same plus the step's images re-balanced for the vision encoder
 """
@@ -47,6 +49,8 @@ class Schedule:
     accumulation: int = 1             # micro-steps per optimizer step
     cost_mode: str = "padded"         # "padded" (n * max_len) or "packed" (sum len, varlen)
     expected_samples: Optional[int] = None   # non-join quota: count, not identity
+    step_ends: Optional[List[int]] = None     # micro-steps that end an optimizer step, when
+                                              # their number varies (ODB samples mode)
     note: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -56,6 +60,8 @@ class Schedule:
 
     @property
     def optimizer_steps(self) -> int:
+        if self.step_ends is not None:
+            return len(self.step_ends)
         return -(-len(self.steps) // self.accumulation)
 
     def indices(self) -> np.ndarray:
@@ -284,6 +290,28 @@ def odb(p: Profile, world: int, budget: int, join: bool = True, buffer_size: int
                     expected_samples=None if join else len(p),
                     note=f"L_max={budget}, B={buffer_size}, {'join' if join else 'non-join'}",
                     extra={"sim": sim})
+
+
+def odb_samples(standard_schedule: Schedule, p: Profile, budget: int) -> Schedule:
+    """ODB `step_mode="samples"` on a Standard schedule: the same optimizer steps with the same
+    samples; each rank packs its share of a step with odb_factory's own `pack_step` and the
+    ranks align their micro-batch counts with `align_step` (the planner thread's functions)."""
+    from odb_factory.planning.grouping import Budget, PlannedSample
+    from odb_factory.planning.optimizer_steps import align_step, pack_step
+    s, limit = standard_schedule, Budget.from_config(ODBConfig(token_budget=budget))
+    costs, steps, ends = costs_of(p), [], []
+    for start in range(0, len(s.steps), s.accumulation):
+        window = s.steps[start:start + s.accumulation]
+        shares = [[PlannedSample(int(i), int(i), costs[int(i)]) for micro in window for i in micro[r]]
+                  for r in range(s.world)]
+        groups = [pack_step(share, limit, "singleton") for share in shares]
+        counts = [len(g) for g in groups]
+        aligned = [align_step(g, counts, limit) for g in groups]
+        steps += [[_arr([x.index for x in aligned[r][m]]) for r in range(s.world)]
+                  for m in range(max(counts))]
+        ends.append(len(steps) - 1)
+    return Schedule("odb_samples", s.world, steps, s.accumulation, step_ends=ends,
+                    note=f"{s.note}, packed to L_max={budget}", extra={"standard": s.method})
 
 
 def post_balance(s: Schedule, p: Profile, token_cost: Callable, cap_tokens: int,

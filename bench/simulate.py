@@ -97,7 +97,8 @@ def features(s: Schedule, p: Profile) -> Features:
     return Features(s.method, world, s.accumulation, s.cost_mode, n.astype(np.float64),
                     reduce(t, np.maximum), reduce(t, np.add), reduce(t * t, np.add),
                     reduce(p.images, np.add), reduce(p.patches, np.add), reduce(p.patch_sq, np.add),
-                    flat, starts, nonempty, s.note, dict(s.extra))
+                    flat, starts, nonempty, s.note,
+                    {**s.extra, **({"step_ends": s.step_ends} if s.step_ends is not None else {})})
 
 
 @dataclass
@@ -180,7 +181,7 @@ def evaluate(f: Features, p: Profile, m: StepModel) -> Result:
         cell_solo[f.cell] = np.maximum.reduceat(solo[f.flat], f.starts)
     step_lb = np.maximum(step_mean, cell_solo.reshape(f.steps, f.world).max(axis=1)) if f.steps else step_mean
     micro = f.steps
-    opt = -(-micro // f.accumulation)
+    opt = len(f.extra["step_ends"]) if "step_ends" in f.extra else -(-micro // f.accumulation)
     fixed = micro * m.comm_micro_s + opt * (m.comm_opt_s + m.optimizer_s)
     time_s = float(step_max.sum() + fixed)
     mem_ok = m.fits(tokens, f.patches)
@@ -212,7 +213,11 @@ def step_times(f: Features, m: StepModel) -> np.ndarray:
     rank_s = (np.where(busy, m.llm_seconds(f.padded(), f.attention_sq()), m.idle_s)
               + m.vision_seconds(f.images, f.patches, f.patch_sq))
     t = rank_s.max(axis=1) + m.comm_micro_s
-    boundary = (np.arange(f.steps) + 1) % f.accumulation == 0
+    if "step_ends" in f.extra:
+        boundary = np.zeros(f.steps, dtype=bool)
+        boundary[f.extra["step_ends"]] = True
+    else:
+        boundary = (np.arange(f.steps) + 1) % f.accumulation == 0
     boundary[-1:] = True
     return t + boundary * (m.comm_opt_s + m.optimizer_s)
 

@@ -188,10 +188,6 @@ class ODBConfig:
             if self.loss_scaling == "none":
                 raise ValueError(f"{option_name('loss_scaling')} 'none' cannot keep the fixed-batch "
                                  f"run's loss in {option_name('step_mode')} 'samples'; use 'groups'")
-            if self.balance:
-                raise ValueError(f"{option_name('balance')} (post-balancing in the loader) is not "
-                                 f"available with {option_name('step_mode')} 'samples' yet; use "
-                                 "step_mode 'groups' or balance false")
             if not self.join:
                 raise ValueError(f"{option_name('join')} false has no meaning with "
                                  f"{option_name('step_mode')} 'samples' (every step trains exactly "

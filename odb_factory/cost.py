@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
+import numpy
+
 
 class SampleCost(NamedTuple):
     input_tokens: int        # LLM input tokens: what the padded/packed budget is made of
@@ -31,15 +33,29 @@ def _length(value: Any) -> int:
     return len(value)
 
 
+def _host_array(values: Any) -> Any:
+    """A CPU tensor's numpy view (no copy): counting on it is ~3x faster than torch's per-op
+    dispatch, which matters at one call per sample. Anything else comes back unchanged."""
+    if hasattr(values, "numpy"):
+        try:
+            return values.numpy()
+        except (RuntimeError, TypeError):  # on an accelerator, in an autograd graph, bfloat16
+            return values
+    return values
+
+
 def _count_not_equal(values: Any, ignore_index: int) -> int:
     if hasattr(values, "ne"):  # torch tensor
         return int(values.ne(ignore_index).sum())
     if hasattr(values, "shape"):  # numpy array
-        return int((values != ignore_index).sum())
+        return int(numpy.count_nonzero(values != ignore_index))
     return sum(1 for v in values if v != ignore_index)
 
 
 def _count_in(values: Any, token_ids: Sequence[int]) -> int:
+    values = _host_array(values)
+    if hasattr(values, "shape") and not hasattr(values, "ne"):  # numpy array
+        return int(numpy.count_nonzero(numpy.isin(values, token_ids)))
     wanted = set(token_ids)
     if hasattr(values, "tolist"):
         values = values.tolist()
@@ -81,7 +97,7 @@ class DefaultCost:
         tokens = _length(ids)
         label_tokens = tokens
         if self.label_key is not None and hasattr(sample, "get") and sample.get(self.label_key) is not None:
-            labels = sample[self.label_key]
+            labels = _host_array(sample[self.label_key])
             # A causal LM predicts token i+1 from i: the first label never enters the loss.
             label_tokens = _count_not_equal(labels[1:] if self.label_shift else labels,
                                             self.ignore_index)

@@ -38,10 +38,11 @@ def test_a_masked_first_label_counts_the_same_either_way():
     assert DefaultCost()(sample).label_tokens == DefaultCost(label_shift=False)(sample).label_tokens == 2
 
 
-@pytest.mark.parametrize("kind", ["list", "tensor", "numpy"])
+@pytest.mark.parametrize("kind", ["list", "tensor", "numpy", "bfloat16 tensor"])
 def test_container_types_count_alike(kind):
     ids, labels = [5, 6, 7, 8, 9], [5, -100, 7, 8, 9]
-    convert = {"list": list, "tensor": torch.tensor, "numpy": np.array}[kind]
+    convert = {"list": list, "tensor": torch.tensor, "numpy": np.array,   # bfloat16: no numpy view
+               "bfloat16 tensor": lambda v: torch.tensor(v, dtype=torch.bfloat16)}[kind]
     cost = DefaultCost()({"input_ids": convert(ids), "labels": convert(labels)})
     assert cost == SampleCost(5, 3, 0)                     # 7, 8, 9 (the masked one is not counted)
     assert all(type(v) is int for v in cost)

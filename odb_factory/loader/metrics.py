@@ -38,10 +38,10 @@ class LoaderMetrics:
         t["data_wait_s"] += wait_s
         if plan.round_stats:
             t["rounds"] += 1
-            t["splits"] += plan.round_stats["splits"]
-            t["overflow_groups"] += plan.round_stats["overflow_groups"]
-            t["over_budget"] += plan.round_stats["over_budget"]
-            if plan.round_stats["over_budget"]:
+            # samples mode's rounds (optimizer steps) carry balance figures only
+            for key in ("splits", "overflow_groups", "over_budget"):
+                t[key] += plan.round_stats.get(key, 0.0)
+            if plan.round_stats.get("over_budget"):
                 logger.warning("ODB: %d sample(s) exceed the token budget on their own and are "
                                "trained as singletons (epoch %d, round %d)",
                                int(plan.round_stats["over_budget"]), plan.epoch, plan.round)

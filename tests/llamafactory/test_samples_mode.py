@@ -25,8 +25,9 @@ def _text_only(demo_data: Path, out: Path) -> Path:
     return out
 
 
-def _pair(tmp_path, model, data, name, **extra):
-    """(Standard history, ODB history, ODB ledger) for the same YAML, ODB on or off."""
+def _pair(tmp_path, model, data, name, odb_extra=None, **extra):
+    """(Standard history, ODB history, ODB ledger) for the same YAML, ODB on or off
+    (`odb_extra`: further odb_* keys of the ODB run)."""
     common = dict(per_device_train_batch_size=1, gradient_accumulation_steps=4, val_size=0.2,
                   per_device_eval_batch_size=4, eval_strategy="no", do_eval=True, learning_rate=2e-3,
                   lr_scheduler_type="cosine", warmup_ratio=0.1, max_grad_norm=1.0, seed=11, **extra)
@@ -35,7 +36,7 @@ def _pair(tmp_path, model, data, name, **extra):
     odb = tmp_path / f"{name}_odb"
     audit = tmp_path / f"{name}_audit"
     train(base_yaml(model, data, odb, odb_enable=True, odb_token_budget=512, odb_collate_workers=1,
-                    odb_audit_dir=str(audit), **common), nproc=2)
+                    odb_audit_dir=str(audit), **(odb_extra or {}), **common), nproc=2)
     return _history(std), _history(odb), ledger(audit)
 
 
@@ -70,3 +71,16 @@ def test_samples_mode_trains_the_standard_model_zero2_text(tmp_path, tiny_model,
     ds_config = Path(__file__).resolve().parents[2] / "recipes" / "parts" / "deepspeed" / "ds_z2.json"
     standard, odb, rows = _pair(tmp_path, tiny_model, data, "zero2", deepspeed=str(ds_config))
     _assert_same_training(standard, odb, rows)
+
+
+def test_samples_mode_trains_the_standard_model_text_model_post_balanced(tmp_path, demo_data):
+    """A text-only model: LLaMA-Factory lets transformers normalise its loss by the step's
+    global token count (`model_accepts_loss_kwargs`), the other Standard loss; with
+    post-balancing on, samples move between ranks with their weights."""
+    from odb_factory.demo.tiny_qwen3 import build_tiny_qwen3
+    model = build_tiny_qwen3(tmp_path / "tiny_qwen3", seed=0)
+    data = _text_only(demo_data, tmp_path / "text_only")
+    standard, odb, rows = _pair(tmp_path, model, data, "text_model", template="qwen3_nothink",
+                                odb_extra={"odb_balance": True})
+    _assert_same_training(standard, odb, rows)
+    assert any("odb/balance_max_over_lb" in h for h in odb), "post-balancing ran"

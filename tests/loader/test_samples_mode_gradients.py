@@ -83,6 +83,7 @@ def _odb_rank(rank, world, batch_size, accumulation, normalization, budget, bala
     (2, 1, 4, "micro_mean", 256, False),
     (2, 2, 3, "exact", 384, False),
     (3, 2, 2, "micro_mean", 300, False),
+    (3, 2, 3, "micro_mean", 600, True),     # post-balanced: samples move, their weights with them
 ])
 def test_samples_mode_step_equals_the_fixed_batch_step(world, batch_size, accumulation, normalization, budget,
                                                        balance):
@@ -99,3 +100,9 @@ def test_samples_mode_step_equals_the_fixed_batch_step(world, batch_size, accumu
         assert float((got - reference).norm() / reference.norm()) < 1e-10, f"step {k}"
         packed += micro.pop() < accumulation
     assert packed > 0, "no step was packed into fewer micro-batches than the fixed-batch run"
+    if balance:  # post-balancing must have moved samples off the rank Standard gives them
+        from odb_factory.planning.optimizer_steps import fixed_batch_steps
+        plans = [fixed_batch_steps(N, world, r, batch_size, accumulation, seed=0, epoch=0) for r in range(world)]
+        moved = sum(len(set(ranks[r][k][0]) - set(plans[r][k].indices))
+                    for r in range(world) for k in range(len(standard)))
+        assert moved > 0, "post-balancing moved no sample"
