@@ -73,6 +73,7 @@ def run(quick: bool, samples: Optional[int] = None, seed: int = 0, out: Path = R
         profiles[demo.name] = demo
     else:
         log(f"demo data not found at {DEMO_DIR}: the real-demo row is skipped")
+    paper_profs = {k: v for k, v in profiles.items() if k in PAPER_WORKLOADS}
     lab = Lab(seed)
     if mfu is None:
         log("calibrating the matmul efficiency on the paper's Standard samples/s")
@@ -87,7 +88,6 @@ def run(quick: bool, samples: Optional[int] = None, seed: int = 0, out: Path = R
         cmp.add_paper_notes(lab, row, profiles[w])
         rows.append(row)
     cmp.add_other_model_size_notes(rows)
-    paper_profs = {k: v for k, v in profiles.items() if k in PAPER_WORKLOADS}
     log("ablation: L_max sweep")
     lmax = ablations.ablation_lmax(lab, paper_profs, mfu)
     log("ablation: window B")
@@ -104,6 +104,10 @@ def run(quick: bool, samples: Optional[int] = None, seed: int = 0, out: Path = R
     cpu_md = ""
     if not skip_measured and measured is None:
         cpu_md = measured_layer(quick, out)
+    if not skip_measured:
+        from . import step_modes
+        log("optimizer-step modes: Standard vs ODB samples (llamafactory-cli) and at paper scale")
+        cpu_md += "\n\n" + step_modes.main(["--quick"] if quick else [], profiles=paper_profs, mfu=mfu)
     measured = measured or (out / "measured_rows.csv")
     if measured.exists():
         log(f"measured rows: {measured}")

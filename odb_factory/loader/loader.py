@@ -140,8 +140,9 @@ class ODBDataLoader:
 
     def state_dict(self) -> dict:
         """This rank's resumable state (no collective). Save it per rank. Right after
-        load_state_dict() it is the restored state, until the loader moves."""
-        if self._resume is not None:
+        load_state_dict() it is the restored state, until the loader moves (an iteration,
+        or set_epoch() to another epoch, which then starts afresh)."""
+        if self._resume is not None and self._resume["epoch"] == self._epoch:
             return dict(self._resume)
         return {"version": 1, "epoch": self._epoch, "rank": self.rank, "world_size": self.world_size,
                 "consumed": sorted(self._consumed.get(self._epoch, [])),

@@ -90,7 +90,8 @@ def _all_schedules(p, world=4, bs=2):
     out = [M.standard(p, world, bs), M.standard(p, world, 1, accumulation=3, name="standard_matched"),
            M.sorted_by_length(p, world, bs), M.sorted_shuffled(p, world, bs),
            M.group_by_length(p, world, bs), M.gmt(p, world, b), M.bmt(p, world, b),
-           M.gmt(p, world, b, cache="text"), M.odb(p, world, b), M.odb(p, world, b, join=False)]
+           M.gmt(p, world, b, cache="text"), M.odb(p, world, b), M.odb(p, world, b, join=False),
+           M.odb_samples(M.standard(p, world, 2, accumulation=4), p, b)]
     if p.text_only:
         out.append(M.packing(p, world, b))
     peer = M.peer(p, world, b)
@@ -107,6 +108,25 @@ def test_every_method_trains_every_sample_exactly_once(small, kind):
         assert all(len(step) == s.world for step in s.steps)
         if s.expected_samples is None:
             assert sorted(s.indices().tolist()) == list(range(len(p)))
+
+
+@pytest.mark.parametrize("batch,accumulation", [(1, 1), (1, 4), (2, 3)])
+def test_odb_samples_keeps_standards_optimizer_steps_and_their_samples(small, batch, accumulation):
+    p, world = small["mix"], 4
+    std = M.standard(p, world, batch, accumulation=accumulation)
+    odb = M.odb_samples(std, p, p.token_budget)
+    assert odb.optimizer_steps == std.optimizer_steps
+    starts = [0] + [end + 1 for end in odb.step_ends[:-1]]
+    for k, (start, end) in enumerate(zip(starts, odb.step_ends)):
+        window = std.steps[k * accumulation:(k + 1) * accumulation]
+        for r in range(world):  # each rank trains its own Standard share, packed
+            want = sorted(i for micro in window for i in micro[r].tolist())
+            got = sorted(i for micro in odb.steps[start:end + 1] for i in micro[r].tolist())
+            assert got == want, f"step {k}, rank {r}"
+        assert end - start + 1 <= batch * accumulation
+        for micro in odb.steps[start:end + 1]:   # within the budget (or a lone long sample)
+            for b in micro:
+                assert len(b) <= 1 or len(b) * int(p.tokens[b].max()) <= p.token_budget
 
 
 def test_ledger_check_catches_loss_and_duplication():

@@ -257,6 +257,26 @@ def test_state_dict_right_after_load_keeps_the_progress(tmp_path):
     assert sorted(before + after) == list(range(N))
 
 
+def test_state_dict_after_load_then_a_new_epoch_is_the_new_epochs():
+    """A restored epoch-0 state is the state only while the loader stays at epoch 0: after
+    set_epoch(1) a checkpoint must describe epoch 1 (which starts afresh), not epoch 0."""
+    first = _loader(0)
+    for step in first:
+        if step.step == 3:
+            break
+    state = first.state_dict()
+    first.close()
+    second = _loader(0)
+    second.load_state_dict(state)
+    assert second.state_dict() == state
+    second.set_epoch(1)
+    moved = second.state_dict()
+    assert (moved["epoch"], moved["consumed"], moved["steps"]) == (1, [], 0)
+    second.set_epoch(0)                    # back at the restored epoch: the restored state again
+    assert second.state_dict() == state
+    second.close()
+
+
 def _reiterate(rank, world):
     loader = _loader(rank)
     for step in loader:
