@@ -109,8 +109,9 @@ class RankPlanner:
         fit = fit_to_target(self._pending, target, self.budget, shuffle_seed=seed)
         self.buffer = fit.recirculated
         self._pending = fit.slots
+        # idle_slots is counted in close_round, after a quota may have emptied slots
         self._stats = RoundStats(self.round, target, fit.splits, fit.overflow_groups,
-                                 sum(1 for s in fit.slots if not s), self._over_budget)
+                                 over_budget=self._over_budget)
         return [[s.cost for s in slot] for slot in fit.slots]
 
     def close_round(self, all_costs: Sequence[Sequence[Sequence[SampleCost]]]) -> RoundResult:

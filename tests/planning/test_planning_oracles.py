@@ -220,6 +220,48 @@ def test_shuffle_permutes_the_slots_reproducibly():
     assert a != uids(fit_to_target(g, 8, Budget(100), shuffle_seed="7:0:2").slots)
 
 
+def test_rank_planner_shuffles_each_rank_and_round_with_its_own_seed():
+    """The slot order of round k on rank r is the longest-first grouping shuffled by
+    random.Random(f"{seed}:{r}:{k}") (what makes the loader and the simulation agree);
+    without a seed the groups keep their longest-first order."""
+    import random
+    lengths = [95, 90, 85, 80, 75, 70, 65, 60]
+
+    def first_round(rank, seed):
+        p = RankPlanner(Budget(100), 8, iter([sample(i, n) for i, n in enumerate(lengths)]),
+                        rank=rank, shuffle_seed=seed)
+        statuses, costs = _round([p])
+        return uids([slot.samples for slot in p.close_round(costs).slots])
+
+    longest_first = [[i] for i in range(8)]            # budget 100: no two samples fit together
+    assert first_round(0, None) == longest_first
+    for rank in (0, 3):
+        expected = list(longest_first)
+        random.Random(f"s:e:{rank}:0").shuffle(expected)
+        assert first_round(rank, "s:e") == expected
+    assert first_round(0, "s:e") != first_round(3, "s:e")
+
+
+def test_simulated_nonjoin_epoch_is_the_loaders():
+    """A second formulation: the real loader (world 1, in process) on the same samples and
+    options trains exactly the simulated steps, repeats of the view included."""
+    from odb_factory import ODBDataLoader
+    from odb_factory.cost import DefaultCost
+    from odb_factory.synthetic import LengthDataset, long_tail_lengths
+    ds = LengthDataset(long_tail_lengths(30, cv=1.0, mean=40, seed=5, maximum=150))
+    costs = [SampleCost(*DefaultCost()(ds[i])) for i in range(len(ds))]
+    for join, quota in ((True, None), (False, 75)):
+        cfg = ODBConfig(token_budget=160, buffer_size=6, join=join, quota=quota, seed=4)
+        sim = simulate_epoch(costs, cfg, 1, epoch=1)
+        loader = ODBDataLoader(ds, ODBConfig.from_dict(cfg.to_dict()), collate_fn=lambda batch: None,
+                               num_workers=0, num_collate_workers=0)
+        loader.set_epoch(1)
+        steps = [step.indices for step in loader]
+        loader.close()
+        assert steps == [[s.index for s in slot.samples] for slot in sim.slots[0]]
+        assert join or len([i for step in steps for i in step]) == 75
+
+
 # ------------------------------------------------------------------ quota
 
 def test_trim_to_quota_hand_examples():
