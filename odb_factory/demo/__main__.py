@@ -28,7 +28,7 @@ RUNS = [("Standard", "recipes/tiny/qwen3vl_tiny_standard.yaml"),
         ("ODB groups", "recipes/tiny/qwen3vl_tiny_odb.yaml")]
 # The same run settings for all three: the whole demo set (tens of seconds of training, so
 # start-up does not dominate samples/s), a held-out tenth, batch 1 × accumulation 4.
-OVERRIDES = ["max_samples=512", "val_size=0.1", "do_eval=true", "eval_strategy=no",
+OVERRIDES = ["max_samples=512", "val_size=0.1", "do_eval=true",
              "per_device_eval_batch_size=4", "per_device_train_batch_size=1",
              "gradient_accumulation_steps=4"]
 
