@@ -29,7 +29,7 @@ from .simulate import check_ledger, evaluate, features
 SAMPLES_RECIPE = "recipes/tiny/qwen3vl_tiny_odb_samples.yaml"
 GROUPS_RECIPE = "recipes/tiny/qwen3vl_tiny_odb.yaml"
 CELLS = [(bs, ga) for bs in (1, 2) for ga in (1, 4, 16)]
-LEDGER = RUNS / "step_modes.jsonl"
+LEDGERS = {False: RUNS / "step_modes.jsonl", True: RUNS / "step_modes_quick.jsonl"}  # by --quick
 
 
 def _record(name: str, recipe: str, bs: int, ga: int, repeat: int, mode: str) -> dict:
@@ -39,14 +39,16 @@ def _record(name: str, recipe: str, bs: int, ga: int, repeat: int, mode: str) ->
             "eval_loss": metrics.get("eval_loss"), "optimizer_steps": metrics["optimizer_steps"]}
 
 
-def measure(repeats: int, cells: List[tuple], resume: bool) -> List[dict]:
-    """Every (repeat, cell): Standard then `samples`; at batch 1 × accumulation 4 also `groups`."""
+def measure(repeats: int, cells: List[tuple], resume: bool, quick: bool = False) -> List[dict]:
+    """Every (repeat, cell): Standard then `samples`; at batch 1 × accumulation 4 also `groups`.
+    A quick run keeps its own ledger, so it never replaces a full run's."""
+    ledger = LEDGERS[quick]
     done = {}
-    if resume and LEDGER.exists():
-        done = {r["name"]: r for r in map(json.loads, LEDGER.read_text().splitlines())}
-    elif LEDGER.exists():
-        LEDGER.unlink()
-    LEDGER.parent.mkdir(parents=True, exist_ok=True)
+    if resume and ledger.exists():
+        done = {r["name"]: r for r in map(json.loads, ledger.read_text().splitlines())}
+    elif ledger.exists():
+        ledger.unlink()
+    ledger.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for repeat in range(repeats):
         for bs, ga in cells:
@@ -54,12 +56,12 @@ def measure(repeats: int, cells: List[tuple], resume: bool) -> List[dict]:
             if (bs, ga) == (1, 4):
                 runs.append(("groups", GROUPS_RECIPE))
             for mode, recipe in runs:
-                name = f"step_{mode}_bs{bs}_ga{ga}_r{repeat}"
+                name = f"step_{mode}_bs{bs}_ga{ga}_r{repeat}" + ("_quick" if quick else "")
                 if name not in done:
                     print(f"[step modes] repeat {repeat + 1}/{repeats}: {mode}, batch {bs} × "
                           f"accumulation {ga}", file=sys.stderr, flush=True)
                     done[name] = _record(name, recipe, bs, ga, repeat, mode)
-                    with LEDGER.open("a") as f:
+                    with ledger.open("a") as f:
                         f.write(json.dumps(done[name]) + "\n")
                 rows.append(done[name])
     return rows
@@ -145,17 +147,22 @@ def markdown(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def verdicts(measured: List[dict], losses: List[dict]) -> List[str]:
+def _cell(row: dict) -> str:
+    return f"{row['speedup']:.2f}× (batch {row['batch']} × accumulation {row['accumulation']})"
+
+
+def verdicts(measured: List[dict], losses: List[dict], sim: Optional[List[dict]] = None) -> List[str]:
     """Sentences computed from the tables, nothing else."""
     out = []
     if measured:
         best = max(measured, key=lambda r: r["speedup"])
         worst = min(measured, key=lambda r: r["speedup"])
-        out.append(f"`samples` against Standard on this machine: from {worst['speedup']:.2f}× "
-                   f"(batch {worst['batch']} × accumulation {worst['accumulation']}) to "
-                   f"{best['speedup']:.2f}× (batch {best['batch']} × accumulation {best['accumulation']}); "
-                   f"largest eval-loss difference {max(r['eval loss rel. diff'] for r in measured):.1e} "
-                   "relative, with the same optimizer steps.")
+        span = _cell(best) if best is worst else f"from {_cell(worst)} to {_cell(best)}"
+        same_steps = all(r["optimizer steps (Std / samples)"].split(" / ")[0]
+                         == r["optimizer steps (Std / samples)"].split(" / ")[1] for r in measured)
+        out.append(f"`samples` against Standard on this machine: {span}; largest eval-loss "
+                   f"difference {max(r['eval loss rel. diff'] for r in measured):.1e} relative, "
+                   + ("with the same optimizer steps." if same_steps else "optimizer steps DIFFER."))
     by = {r["mode"]: r for r in losses}
     if "groups" in by and "samples" in by:
         g = float(by["groups"]["eval loss"].split(" ")[0])
@@ -163,6 +170,17 @@ def verdicts(measured: List[dict], losses: List[dict]) -> List[str]:
         out.append(f"`groups` took {by['groups']['optimizer steps']} optimizer steps against "
                    f"{by['samples']['optimizer steps']} and ended at eval loss {g:.4g} against "
                    f"{s:.4g} ({(g - s) / s:+.1%}).")
+    priced = [r for r in sim or [] if r["speedup"] is not None]
+    if priced:
+        slower = [r for r in priced if r["speedup"] < 1.0]
+        worst = min(priced, key=lambda r: r["speedup"])
+        best = max(priced, key=lambda r: r["speedup"])
+        out.append(f"Simulated: `samples` is slower than Standard in {len(slower)} of {len(priced)} "
+                   f"priced cells (worst {worst['workload']}, {_cell(worst)}; it packs into as few "
+                   f"micro-batches as the budget allows, which pads more than small fixed batches), "
+                   f"best {best['workload']}, {_cell(best)}; Standard runs out of memory in "
+                   f"{sum(1 for r in sim if r['Standard samples/s'] is None)} cells where "
+                   "`samples` does not.")
     return out
 
 
@@ -177,7 +195,7 @@ def section(rows: List[dict], samples: int, sim: Optional[List[dict]], quick: bo
              + "; samples/s = training samples / HF `train_runtime`; speedup = per-repeat ratio of "
                "runtimes (mean, min, max).", markdown(measured),
              "Eval loss after the same samples (batch 1 × accumulation 4):", markdown(losses)]
-    parts += verdicts(measured, losses)
+    parts += verdicts(measured, losses, sim)
     if sim:
         parts += ["Simulated at paper scale (8B, 1 node × 8, the step model of this report): "
                   "Standard's schedule vs `samples` packing of the same schedule.", markdown(sim)]
@@ -203,7 +221,7 @@ def main(argv=None, profiles: Optional[dict] = None, mfu: Optional[float] = None
     build_tiny_qwen3vl(repo / ".cache" / "tiny_qwen3vl", seed=0)
     write_demo_dataset(repo / ".cache" / "odb_demo_data", seed=0)
     cells = [(1, 4)] if a.quick else CELLS
-    rows = measure(a.repeats or (1 if a.quick else 5), cells, a.resume)
+    rows = measure(a.repeats or (1 if a.quick else 5), cells, a.resume, a.quick)
     sim = None
     if not a.no_simulation:
         if profiles is None:
