@@ -62,8 +62,12 @@ def _assert_same_training(standard, odb, rows):
 
 
 def test_samples_mode_trains_the_standard_model_ddp_images(tmp_path, tiny_model, demo_data):
-    standard, odb, rows = _pair(tmp_path, tiny_model, demo_data, "ddp")
+    """Images under DDP, with both balancing stages on: samples move between ranks for the
+    LLM stage, images for the vision encoder, and the model is still Standard's."""
+    standard, odb, rows = _pair(tmp_path, tiny_model, demo_data, "ddp", freeze_vision_tower=False,
+                                odb_extra={"odb_balance": True, "odb_balance_stages": ["llm", "vision"]})
     _assert_same_training(standard, odb, rows)
+    assert any("odb/balance_max_over_lb" in h for h in odb), "post-balancing ran"
 
 
 def test_samples_mode_trains_the_standard_model_zero2_text(tmp_path, tiny_model, demo_data):
