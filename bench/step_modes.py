@@ -67,10 +67,10 @@ def measure(repeats: int, cells: List[tuple], resume: bool, quick: bool = False)
     return rows
 
 
-def _spread(values: List[float]) -> str:
+def _spread(values: List[float], digits: int = 3) -> str:
     mean = statistics.mean(values)
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{mean:.3g} ± {sd:.2g}"
+    return f"{mean:.{digits}g} ± {sd:.2g}"
 
 
 def measured_table(rows: List[dict], samples: int) -> List[dict]:
@@ -103,8 +103,7 @@ def eval_loss_table(rows: List[dict]) -> List[dict]:
         runs = [r for r in rows if (r["bs"], r["ga"], r["mode"]) == (1, 4, mode)]
         if runs:
             out.append({"mode": mode, "optimizer steps": runs[0]["optimizer_steps"],
-                        "eval loss": _spread([r["eval_loss"] for r in runs]),
-                        "samples/s": None, "runs": len(runs),
+                        "eval loss": _spread([r["eval_loss"] for r in runs], digits=6), "runs": len(runs),
                         "train runtime s": _spread([r["train_runtime"] for r in runs])})
     return out
 
@@ -186,8 +185,6 @@ def verdicts(measured: List[dict], losses: List[dict], sim: Optional[List[dict]]
 
 def section(rows: List[dict], samples: int, sim: Optional[List[dict]], quick: bool) -> str:
     measured, losses = measured_table(rows, samples), eval_loss_table(rows)
-    for row in losses:
-        row.pop("samples/s")
     parts = ["## Optimizer-step modes: Standard vs ODB `samples` (same steps, same samples)",
              f"Measured: `llamafactory-cli`, 2 CPU ranks, tiny Qwen3-VL on the generated demo set "
              f"(synthetic data), {samples} training samples per run"
