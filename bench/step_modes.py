@@ -150,24 +150,25 @@ def _cell(row: dict) -> str:
     return f"{row['speedup']:.2f}× (batch {row['batch']} × accumulation {row['accumulation']})"
 
 
-def verdicts(measured: List[dict], losses: List[dict], sim: Optional[List[dict]] = None) -> List[str]:
-    """Sentences computed from the tables, nothing else."""
+def verdicts(rows: List[dict], measured: List[dict], sim: Optional[List[dict]] = None) -> List[str]:
+    """Sentences computed from the runs and tables (raw values, not their formatting)."""
     out = []
     if measured:
         best = max(measured, key=lambda r: r["speedup"])
         worst = min(measured, key=lambda r: r["speedup"])
         span = _cell(best) if best is worst else f"from {_cell(worst)} to {_cell(best)}"
-        same_steps = all(r["optimizer steps (Std / samples)"].split(" / ")[0]
-                         == r["optimizer steps (Std / samples)"].split(" / ")[1] for r in measured)
+        steps = {(r["bs"], r["ga"], r["repeat"], r["mode"]): r["optimizer_steps"] for r in rows}
+        same_steps = all(n == steps.get((bs, ga, rep, "standard"))
+                         for (bs, ga, rep, mode), n in steps.items() if mode == "samples")
         out.append(f"`samples` against Standard on this machine: {span}; largest eval-loss "
                    f"difference {max(r['eval loss rel. diff'] for r in measured):.1e} relative, "
                    + ("with the same optimizer steps." if same_steps else "optimizer steps DIFFER."))
-    by = {r["mode"]: r for r in losses}
-    if "groups" in by and "samples" in by:
-        g = float(by["groups"]["eval loss"].split(" ")[0])
-        s = float(by["samples"]["eval loss"].split(" ")[0])
-        out.append(f"`groups` took {by['groups']['optimizer steps']} optimizer steps against "
-                   f"{by['samples']['optimizer steps']} and ended at eval loss {g:.4g} against "
+    at_1x4 = {m: [r for r in rows if (r["bs"], r["ga"], r["mode"]) == (1, 4, m)] for m in ("samples", "groups")}
+    if all(at_1x4.values()):
+        g = statistics.mean(r["eval_loss"] for r in at_1x4["groups"])
+        s = statistics.mean(r["eval_loss"] for r in at_1x4["samples"])
+        out.append(f"`groups` took {at_1x4['groups'][0]['optimizer_steps']} optimizer steps against "
+                   f"{at_1x4['samples'][0]['optimizer_steps']} and ended at eval loss {g:.4g} against "
                    f"{s:.4g} ({(g - s) / s:+.1%}).")
     priced = [r for r in sim or [] if r["speedup"] is not None]
     if priced:
@@ -192,7 +193,7 @@ def section(rows: List[dict], samples: int, sim: Optional[List[dict]], quick: bo
              + "; samples/s = training samples / HF `train_runtime`; speedup = per-repeat ratio of "
                "runtimes (mean, min, max).", markdown(measured),
              "Eval loss after the same samples (batch 1 × accumulation 4):", markdown(losses)]
-    parts += verdicts(measured, losses, sim)
+    parts += verdicts(rows, measured, sim)
     if sim:
         parts += ["Simulated at paper scale (8B, 1 node × 8, the step model of this report): "
                   "Standard's schedule vs `samples` packing of the same schedule.", markdown(sim)]
