@@ -146,7 +146,10 @@ class ODBConfig:
         "`LOCAL_WORLD_SIZE`, else one node).", agree=True, minimum=1, lf_key=None,
         lf_source="torchrun's `LOCAL_WORLD_SIZE`")
     num_workers: int = option(
-        0, "DataLoader workers running the dataset's per-sample pipeline and cost.", agree=False,
+        0, "DataLoader workers running the dataset's per-sample pipeline and cost. With 0 "
+        "workers and 0 collate workers everything runs in the training thread when a step is "
+        "asked for, as torch's `num_workers=0` does; any worker moves planning to its own thread, "
+        "which prepares steps ahead.", agree=False,
         minimum=0, lf_key=None, lf_source="`dataloader_num_workers`, at least 1")
     num_collate_workers: int = option(
         0, "Processes collating groups in parallel (0: the training thread). With "

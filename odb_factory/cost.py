@@ -35,10 +35,14 @@ def _length(value: Any) -> int:
 
 def _host_array(values: Any) -> numpy.ndarray:
     """`values` as a numpy array: a CPU tensor's view (no copy; counting on it is ~3x faster
-    than torch's per-op dispatch, at one call per sample), a list converted, a copy of a
-    tensor numpy cannot view (on an accelerator, bfloat16)."""
-    try:
+    than torch's per-op dispatch, at one call per sample; `.numpy()` skips the detour through
+    `Tensor.__array__`), a list converted, a copy of a tensor numpy cannot view (on an
+    accelerator, bfloat16)."""
+    to_numpy = getattr(values, "numpy", None)
+    if to_numpy is None:
         return numpy.asarray(values)
+    try:
+        return to_numpy()
     except (RuntimeError, TypeError):
         return numpy.asarray(values.detach().cpu().long())
 
@@ -85,13 +89,15 @@ class DefaultCost:
                 f"set ODBConfig.length_key or pass cost_fn=") from exc
         tokens = _length(ids)
         label_tokens = tokens
-        if self.label_key is not None and hasattr(sample, "get") and sample.get(self.label_key) is not None:
-            labels = _host_array(sample[self.label_key])
+        get = getattr(sample, "get", None)
+        labels = get(self.label_key) if get is not None and self.label_key is not None else None
+        if labels is not None:
+            labels = _host_array(labels)
             # A causal LM predicts token i+1 from i: the first label never enters the loss.
             label_tokens = _count_not_equal(labels[1:] if self.label_shift else labels,
                                             self.ignore_index)
         patches = 0
-        grid = sample.get(self.image_grid_key) if hasattr(sample, "get") else None
+        grid = get(self.image_grid_key) if get is not None else None
         if grid is not None:
             rows = grid.tolist() if hasattr(grid, "tolist") else grid
             if rows and not isinstance(rows[0], (list, tuple)):

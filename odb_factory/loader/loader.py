@@ -30,7 +30,7 @@ from .collate_stage import CollateJob, PlanSampler
 from .sample_stage import (CostedDataset, PackedChunks, ViewSampler, chunk_size, identity,
                            in_thread_samples, named_worker_deaths, worker_samples)
 from .metrics import LoaderMetrics
-from .planner_thread import OptimizerStepSpec, PlannerThread, SampleStore, StepPlan
+from .planner_thread import EpochPlanner, OptimizerStepSpec, PlannerThread, SampleStore, StepPlan
 from ..comm.channel import SyncChannel
 from ..comm.errors import ODBSyncError
 from ..comm.topology import ranks_per_node
@@ -248,23 +248,29 @@ class ODBDataLoader:
         planner = None if optimizer_steps is not None else RankPlanner(
             Budget.from_config(cfg), cfg.buffer_size, store.stream(), rank=self.rank,
             over_budget=cfg.over_budget, quota=quota, shuffle_seed=f"{cfg.seed}:{epoch}")
-        plans: "queue.Queue" = queue.Queue(maxsize=cfg.outstanding_depth)
-        stop = threading.Event()
         first = full_view[0] if full_view else self.rank % self.num_samples
-        thread = PlannerThread(planner, store, self.sync, epoch, cfg.gradient_accumulation_steps,
-                               plans, stop, filler=lambda: self.dataset[first],
-                               step_offset=self.metrics.epoch_steps.get(epoch, 0),
-                               pad_to_window=cfg.pad_epoch_to_accumulation,
-                               rebalancer=self._rebalancer(), optimizer_steps=optimizer_steps)
-        thread.start()
-        self._plan_sampler.attach(plans, thread)
-        try:
+        epoch_planner = EpochPlanner(planner, store, self.sync, epoch, cfg.gradient_accumulation_steps,
+                                     filler=lambda: self.dataset[first],
+                                     step_offset=self.metrics.epoch_steps.get(epoch, 0),
+                                     pad_to_window=cfg.pad_epoch_to_accumulation,
+                                     rebalancer=self._rebalancer(), optimizer_steps=optimizer_steps)
+        thread = None
+        if self._sample_loader is None and self._collate_loader is None:
+            # no workers at all: plan in this thread, as torch loads with num_workers=0
+            job = CollateJob(self.collate_fn)
+            steps = (job[plan] for plan in epoch_planner.inline_plans())
+        else:
+            plans: "queue.Queue" = queue.Queue(maxsize=cfg.outstanding_depth)
+            thread = PlannerThread(epoch_planner, plans)
+            thread.start()
+            self._plan_sampler.attach(plans, thread)
             if self._collate_loader is None:
                 job = CollateJob(self.collate_fn)
                 steps = (job[plan] for plan in self._plan_sampler)
             else:
                 steps = named_worker_deaths(self._collate_loader, "collate", self.rank)
-            last_step = -1
+        last_step = -1
+        try:
             while True:
                 start = time.perf_counter()
                 try:
@@ -272,25 +278,26 @@ class ODBDataLoader:
                 except StopIteration:
                     break
                 except BaseException as exc:  # this rank's collation or planning failed
-                    thread.leave(last_step, failure=exc)
+                    epoch_planner.leave(last_step, failure=exc)
                     raise
-                error = thread.error_before(plan.step)
+                error = epoch_planner.error_before(plan.step)
                 if error is not None:  # a failure here or on a peer jumps the queue
-                    thread.leave(last_step)
+                    epoch_planner.leave(last_step)
                     raise error
                 last_step = plan.step
                 yield self._to_batch(plan, data, time.perf_counter() - start)
         finally:
             self._last_epoch_end = (epoch, last_step)
-            thread.leave(last_step)
-            thread.join(timeout=cfg.sync_timeout_s)
-            self._plan_sampler.detach()
-            if thread.is_alive():
-                # never start another epoch beside a planner still inside this one's exchanges
-                raise ODBSyncError(
-                    f"ODB planner of rank {self.rank}, epoch {epoch}, did not stop within "
-                    f"{cfg.sync_timeout_s:.0f}s (ODBConfig.sync_timeout_s) after the trainer left the "
-                    "epoch: a peer is neither continuing nor leaving; see the other ranks' logs")
+            epoch_planner.leave(last_step)
+            if thread is not None:
+                thread.join(timeout=cfg.sync_timeout_s)
+                self._plan_sampler.detach()
+                if thread.is_alive():
+                    # never start another epoch beside a planner still inside this one's exchanges
+                    raise ODBSyncError(
+                        f"ODB planner of rank {self.rank}, epoch {epoch}, did not stop within "
+                        f"{cfg.sync_timeout_s:.0f}s (ODBConfig.sync_timeout_s) after the trainer left "
+                        "the epoch: a peer is neither continuing nor leaving; see the other ranks' logs")
 
     def _fixed_batch_steps(self, epoch: int) -> List[StandardStep]:
         cfg = self.config

@@ -1,7 +1,11 @@
-"""The planner thread: fills the window, groups, aligns, and queues planned steps.
+"""The epoch planner: fills the window, groups, aligns, and hands out planned steps.
 
-It runs off the training thread and owns the Gloo side channel while an epoch runs (the
-channel is never used from two threads at once).
+With sample or collate workers it runs in a planner thread, off the training thread, and
+queues its steps ahead (`PlannerThread`). With neither it runs inline, in the training
+thread, one step when the trainer asks for it (`EpochPlanner.inline_plans`): like a torch
+DataLoader with num_workers=0, nothing overlaps with the step, and nothing competes with
+the training thread for the GIL either. Either way one thread at a time owns the Gloo side
+channel while an epoch runs.
 
 Leaving early is announced, never silent: when the trainer stops iterating (`leave()`)
 or this rank's pipeline fails, the planner takes part in the peers' next exchange with a
@@ -86,21 +90,21 @@ class _Stopped(Exception):
     pass
 
 
-class PlannerThread(threading.Thread):
+class EpochPlanner:
+    """One epoch's planning on this rank: `plans()` yields its StepPlans in order."""
+
     def __init__(self, planner: Optional[RankPlanner], store: SampleStore, sync: SyncChannel, epoch: int,
-                 accumulation: int, out: "queue.Queue", stop: threading.Event,
-                 filler: Callable[[], Any], step_offset: int = 0, pad_to_window: bool = False,
-                 rebalancer: Optional[StepRebalancer] = None,
+                 accumulation: int, filler: Callable[[], Any], step_offset: int = 0,
+                 pad_to_window: bool = False, rebalancer: Optional[StepRebalancer] = None,
                  optimizer_steps: Optional[OptimizerStepSpec] = None):
-        super().__init__(name=f"odb-planner-rank{sync.rank}-epoch{epoch}", daemon=True)
         self.planner = planner                  # groups mode (DGAP rounds)
         self.optimizer_steps = optimizer_steps  # samples mode
         self.store = store
         self.sync = sync
         self.epoch = epoch
         self.accumulation = accumulation
-        self.out = out
-        self.stop = stop
+        self.stop = threading.Event()                    # set when the trainer leaves
+        self.inline = False                              # run by inline_plans()
         self.fetch_filler = filler
         self.step = step_offset
         self.pad_to_window = pad_to_window
@@ -119,6 +123,11 @@ class PlannerThread(threading.Thread):
         if failure is not None and self._trainer_failure is None:
             self._trainer_failure = failure
         self.stop.set()
+        if self.inline and not self._protocol_over:
+            try:  # nobody else will take part in the peers' next exchange
+                self.leave_protocol()
+            except _Stopped:
+                pass
 
     def error_before(self, step: int) -> Optional[BaseException]:
         """The error the trainer must raise instead of receiving `step`, if any."""
@@ -133,38 +142,46 @@ class PlannerThread(threading.Thread):
             return PeerDeparted(departed.departures, departed.what, departed.rank, asked_for=step)
         return None
 
-    # ------------------------------------------------------------ the thread
+    # ------------------------------------------------------------ planning
+    def plans(self) -> Iterator[StepPlan]:
+        if self.optimizer_steps is not None:
+            yield from self._plan_optimizer_steps(self.optimizer_steps)
+        else:
+            yield from self._plan_rounds()
+        self.store.payloads.clear()
 
-    def run(self) -> None:
+    def inline_plans(self) -> Iterator[StepPlan]:
+        """The plans, computed in the caller's thread as they are asked for. A failure is
+        raised here, after the peers were told (leave() announces the trainer's own)."""
+        self.inline = True
         try:
-            self._plan_epoch()
-            self._put(END_OF_EPOCH)
-        except _Stopped:
-            pass
-        except ODBSyncError as exc:  # the peers saw the same broken exchange
-            self._fail(exc, announce=False)
-        except BaseException as exc:
-            self._fail(exc, announce=True)
+            yield from self.plans()
+        except PeerDeparted as exc:
+            self._protocol_over = True
+            self.peer_departure = exc
+            # every step before this exchange was handed out already
+            raise exc if exc.failed else PeerDeparted(exc.departures, exc.what, exc.rank,
+                                                      asked_for=self.step) from None
+        except ODBSyncError:  # the peers saw the same broken exchange
+            self._protocol_over = True
+            raise
 
-    def _fail(self, exc: BaseException, announce: bool) -> None:
-        """Surface `exc` in the training thread at once; tell the peers when only we know."""
+    def record_failure(self, exc: BaseException, announce: bool) -> None:
+        """Planning failed with `exc`; `announce`: tell the peers (only this rank knows)."""
         if isinstance(exc, PeerDeparted):
             self.peer_departure = exc
         else:
             self.failure = exc
-        try:
-            if announce and not self._protocol_over:
-                self.sync.announce_departure(self._departure("failed", exc), "failure notice")
+        if announce and not self._protocol_over:
             self._protocol_over = True
-            self._put(PlannerFailure(exc))
-        except (_Stopped, ODBSyncError):
-            pass
+            self.sync.announce_departure(self._departure("failed", exc), "failure notice")
+        self._protocol_over = True  # a peer's notice or a broken exchange: the protocol is over
 
     def _departure(self, reason: str, exc: Optional[BaseException] = None) -> Departure:
         message = f"{type(exc).__name__}: {exc}" if exc is not None else ""
         return Departure(self.sync.rank, self.epoch, reason, self._last_step, message)
 
-    def _leave_protocol(self) -> None:
+    def leave_protocol(self) -> None:
         """The trainer stopped: announce it in place of our next exchange, then stop."""
         if not self._protocol_over:
             self._protocol_over = True
@@ -175,7 +192,7 @@ class PlannerThread(threading.Thread):
 
     def _exchange(self, obj: Any, what: str, round: int) -> List[Any]:
         if self.stop.is_set():
-            self._leave_protocol()
+            self.leave_protocol()
         try:
             return self.sync.all_gather(obj, what, self.epoch, round)
         except PeerDeparted:
@@ -184,23 +201,7 @@ class PlannerThread(threading.Thread):
                 raise _Stopped() from None
             raise
 
-    def _put(self, item: Any) -> None:
-        while True:
-            try:
-                self.out.put(item, timeout=0.2)
-                return
-            except queue.Full:
-                if self.stop.is_set():
-                    self._leave_protocol()
-
-    def _plan_epoch(self) -> None:
-        if self.optimizer_steps is not None:
-            self._plan_optimizer_steps(self.optimizer_steps)
-        else:
-            self._plan_rounds()
-        self.store.payloads.clear()
-
-    def _plan_optimizer_steps(self, spec: OptimizerStepSpec) -> None:
+    def _plan_optimizer_steps(self, spec: OptimizerStepSpec) -> Iterator[StepPlan]:
         """Samples mode: one exchange per Standard step (micro-batch count, label tokens)."""
         stream = self.store.stream()
         for number, step in enumerate(spec.steps, start=spec.first_step):
@@ -222,8 +223,8 @@ class PlannerThread(threading.Thread):
                 window, stats = self._rebalance_step(window, weights, number)
             if number == spec.first_step + len(spec.steps) - 1:
                 self._protocol_over = True  # no exchange follows the last step
-            self._emit([(slot, stats if position == 0 else {}) for position, slot in enumerate(window)],
-                       weights)
+            yield from self._emit([(slot, stats if position == 0 else {})
+                                   for position, slot in enumerate(window)], weights)
         self._protocol_over = True
 
     def _rebalance_step(self, window: List[Slot], weights: Dict[Any, float],
@@ -240,7 +241,7 @@ class PlannerThread(threading.Thread):
             payloads[uid], weights[uid] = payload, weight
         return moved.slots, moved.metrics
 
-    def _plan_rounds(self) -> None:
+    def _plan_rounds(self) -> Iterator[StepPlan]:
         """Groups mode: DGAP rounds over the window (docs/dgap.md)."""
         planner = self.planner
         window: List[Tuple[Slot, Dict[str, float]]] = []
@@ -270,7 +271,7 @@ class PlannerThread(threading.Thread):
                 window.append((slot, round_stats))
                 round_stats = {}  # count round-level figures once, on the round's first step
                 if len(window) == self.accumulation:
-                    self._emit(window)
+                    yield from self._emit(window)
                     window = []
         if window and self.pad_to_window:
             # IDLE steps complete the last accumulation window, so the trainer's
@@ -279,11 +280,11 @@ class PlannerThread(threading.Thread):
                 window.append((Slot((), planner.round, len(window), 0, 0, 0), {}))
         self._protocol_over = True
         if window:
-            self._emit(window)
+            yield from self._emit(window)
 
     def _emit(self, window: List[Tuple[Slot, Dict[str, float]]],
-              weights: Optional[Dict[Any, float]] = None) -> None:
-        """Queue one optimizer step's micro-steps (groups mode: an accumulation window)."""
+              weights: Optional[Dict[Any, float]] = None) -> Iterator[StepPlan]:
+        """One optimizer step's micro-steps (groups mode: an accumulation window)."""
         if weights is None:
             window_tokens = sum(slot.global_label_tokens for slot, _ in window)
         else:  # samples mode: each slot carries the step's global label tokens
@@ -295,7 +296,7 @@ class PlannerThread(threading.Thread):
                 samples = [self.store.payloads.pop(s.uid) for s in slot.samples]
                 shortest = min(range(len(samples)), key=lambda i: slot.samples[i].cost.input_tokens)
                 self.filler = samples[shortest]
-            self._put(StepPlan(
+            plan = StepPlan(
                 epoch=self.epoch, step=self.step, round=slot.round, samples=samples,
                 indices=[s.index for s in slot.samples], is_idle=slot.is_idle,
                 label_tokens=slot.label_tokens, input_tokens=slot.input_tokens,
@@ -305,10 +306,49 @@ class PlannerThread(threading.Thread):
                 global_num_samples=slot.global_samples,
                 round_stats=round_stats,
                 sample_weights=[weights[s.uid] for s in slot.samples] if weights is not None else [],
-                step_end=position == len(window) - 1))
+                step_end=position == len(window) - 1)
             self.step += 1
+            yield plan
 
     def _filler(self) -> Any:
         if self.filler is None:
             self.filler = self.fetch_filler()
         return self.filler
+
+
+class PlannerThread(threading.Thread):
+    """Runs an EpochPlanner off the training thread, queueing up to `out`'s size of steps."""
+
+    def __init__(self, planner: EpochPlanner, out: "queue.Queue"):
+        super().__init__(name=f"odb-planner-rank{planner.sync.rank}-epoch{planner.epoch}", daemon=True)
+        self.planner = planner
+        self.out = out
+
+    def run(self) -> None:
+        try:
+            for plan in self.planner.plans():
+                self._put(plan)
+            self._put(END_OF_EPOCH)
+        except _Stopped:
+            pass
+        except ODBSyncError as exc:  # the peers saw the same broken exchange
+            self._fail(exc, announce=False)
+        except BaseException as exc:
+            self._fail(exc, announce=True)
+
+    def _fail(self, exc: BaseException, announce: bool) -> None:
+        """Surface `exc` in the training thread at once; tell the peers when only we know."""
+        try:
+            self.planner.record_failure(exc, announce)
+            self._put(PlannerFailure(exc))
+        except (_Stopped, ODBSyncError):
+            pass
+
+    def _put(self, item: Any) -> None:
+        while True:
+            try:
+                self.out.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                if self.planner.stop.is_set():
+                    self.planner.leave_protocol()

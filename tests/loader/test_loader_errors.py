@@ -90,6 +90,25 @@ def test_worker_exceptions_keep_their_traceback(workers, collate_workers):
     collate_fail.close()
 
 
+@pytest.mark.parametrize("workers,collate_workers,planner_thread", [(0, 0, False), (1, 0, True),
+                                                                     (0, 1, True)])
+def test_planning_runs_in_the_training_thread_only_without_workers(workers, collate_workers,
+                                                                   planner_thread):
+    import threading
+    # outstanding_depth 1: a planner thread is still planning while the first steps arrive
+    loader = ODBDataLoader(LengthDataset([20] * 240), ODBConfig(token_budget=100, buffer_size=4,
+                                                                outstanding_depth=1),
+                           collate_fn=pad_collate, num_workers=workers,
+                           num_collate_workers=collate_workers)
+    seen, indices = set(), []
+    for step in loader:
+        seen.update(t.name for t in threading.enumerate() if t.name.startswith("odb-planner"))
+        indices += step.indices
+    loader.close()
+    assert bool(seen) == planner_thread, seen
+    assert sorted(indices) == list(range(240))
+
+
 def _tiny_dataset(rank, world):
     from odb_factory import ODBConfig, ODBDataLoader
     from odb_factory.synthetic import LengthDataset
