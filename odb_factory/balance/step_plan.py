@@ -45,8 +45,7 @@ def plan_step(costs_per_rank: Sequence[Sequence[SampleCost]], spec: StepBalance)
             kwargs["tolerance"] = spec.tolerance
     if spec.token_cap is not None:
         kwargs["max_padded_tokens_per_rank"] = spec.token_cap
-        if spec.mode != "padded":
-            kwargs["lengths_per_rank"] = lengths
+        kwargs.setdefault("lengths_per_rank", lengths)  # padded mode has set them already
     try:
         return balance(costs, **kwargs)
     except ValueError:

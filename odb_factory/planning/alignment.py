@@ -62,7 +62,7 @@ def fit_to_target(groups: Sequence[Sequence[PlannedSample]], target: int, budget
     recirculated: List[PlannedSample] = []
     overflow = 0
     splits = 0
-    if len(groups) > target:
+    if len(groups) > target:  # pragma: no mutate, at == the kept groups are all, in order
         ranked = sorted(range(len(groups)), key=lambda i: (-budget.group_cost(groups[i]), i))
         keep = sorted(ranked[:target])
         dropped = sorted(ranked[target:])
@@ -90,13 +90,13 @@ def trim_to_quota(slot_sizes: Sequence[Sequence[int]], remaining: int) -> Tuple[
     dropped on every rank, so no rank runs an all-IDLE step at the end.
     """
     world = len(slot_sizes)
-    target = len(slot_sizes[0]) if world else 0
-    kept = [[0] * target for _ in range(world)]
+    target = len(slot_sizes[0]) if world else 0  # pragma: no mutate, no rank: no slot is read
+    kept: List[List[int]] = [[] for _ in range(world)]
     last_used = -1
     for slot in range(target):
         for rank in range(world):
             take = min(slot_sizes[rank][slot], remaining)
-            kept[rank][slot] = take
+            kept[rank].append(take)
             remaining -= take
             if take:
                 last_used = slot

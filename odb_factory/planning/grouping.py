@@ -80,8 +80,9 @@ def form_groups(samples: Sequence[PlannedSample], budget: Budget,
     ordered = sorted(samples, key=sort_key)
     groups: List[List[PlannedSample]] = []
     oversized: List[PlannedSample] = []
-    current: List[PlannedSample] = []
-    head_len = packed = patches = 0  # running cost of `current`; its head is its longest
+    # the first sample that fits alone starts `current`: these starting values are never read
+    current: List[PlannedSample] = []  # pragma: no mutate
+    head_len = packed = patches = 0  # pragma: no mutate, running cost of `current` (head: longest)
     for sample in ordered:
         tokens, vision = sample.cost.input_tokens, sample.cost.vision_patches
         if not budget.fits([sample]):

@@ -103,7 +103,6 @@ class RankPlanner:
         target = target_groups(statuses)
         if target == 0:
             self.finished = True
-            self._pending = []
             return []
         seed = None if self.shuffle_seed is None else f"{self.shuffle_seed}:{self.rank}:{self.round}"
         fit = fit_to_target(self._pending, target, self.budget, shuffle_seed=seed)
@@ -139,6 +138,5 @@ class RankPlanner:
                                self.budget.group_cost(slot)))
         stats, self._stats = self._stats, None
         stats.idle_slots = sum(1 for s in result if s.is_idle)
-        self._pending = []
         self.round += 1
         return RoundResult(result, costs, stats)

@@ -28,7 +28,7 @@ def cycling_view(view: List[int], seed: int, epoch: int, rank: int,
         return iter(())
     def cycles():
         yield from (view if start is None else start)
-        for cycle in itertools.count(1):
+        for cycle in itertools.count(1):  # pragma: no mutate, the cycle number only labels a seed
             again = list(view)
             random.Random(f"odb-cycle:{seed}:{epoch}:{rank}:{cycle}").shuffle(again)
             yield from again

@@ -36,6 +36,12 @@ def _fits_by_enumeration(caps, lengths, num_ranks):
     return False
 
 
+def test_caps_describe_themselves_as_error_messages_name_them():
+    assert Caps().describe() == "no caps"
+    assert Caps(max_samples=3, max_padded_tokens=1.5e4).describe() == \
+        "max_samples_per_rank=3 and max_padded_tokens_per_rank=15000"
+
+
 def test_fits_on_hand_cases():
     assert fits_on(Caps(max_samples=2), None, 5, 3) and not fits_on(Caps(max_samples=2), None, 5, 2)
     desc = np.array([6.0, 5.0, 4.0, 3.0])

@@ -15,7 +15,7 @@ def test_call_is_vectorised_and_matches_the_formula():
     model = StageCostModel(c0=2.0, a=3.0, b=0.5)
     lengths = np.array([0.0, 1.0, 10.0, 1000.0])
     np.testing.assert_allclose(model(lengths), 2.0 + 3.0 * lengths + 0.5 * lengths**2)
-    assert isinstance(model(4), float) and model(4) == 2.0 + 12.0 + 8.0
+    assert type(model(4)) is float and model(4) == 2.0 + 12.0 + 8.0  # a Python float, not numpy's
     assert model([[1, 2], [3, 4]]).shape == (2, 2)
 
 

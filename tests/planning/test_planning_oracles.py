@@ -96,6 +96,12 @@ def test_form_groups_hand_example():
     assert grouping.over_budget == []
 
 
+def test_over_budget_samples_train_alone_by_default():
+    samples = [sample(0, 30), sample(1, 5), sample(2, 4)]
+    grouping = form_groups(samples, Budget(20))   # no policy given: "singleton"
+    assert uids(grouping.groups) == [[0], [1, 2]] and uids([grouping.over_budget]) == [[0]]
+
+
 def test_packed_groups_sum_lengths():
     samples = [sample(0, 6), sample(1, 5), sample(2, 4), sample(3, 3)]
     assert uids(form_groups(samples, Budget(11, "packed")).groups) == [[0, 1], [2, 3]]
@@ -399,9 +405,9 @@ def test_simulated_epoch_properties():
 
 
 def test_round_bound_and_planned_stream():
-    assert round_bound([[1, 2, 3], [4]], 8, True, 0) == 4
-    assert round_bound([[1, 2, 3], [4]], 8, False, 10) == 11
-    assert round_bound([], 8, True, 0) == 1
+    assert round_bound([[1, 2, 3], [4]], True, None) == 4
+    assert round_bound([[1, 2, 3], [4]], False, 10) == 11
+    assert round_bound([], True, None) == 1
     costs = [SampleCost(i + 1, i) for i in range(5)]
     stream = list(planned_stream([4, 1, 4], costs))
     assert stream == [PlannedSample(0, 4, costs[4]), PlannedSample(1, 1, costs[1]),

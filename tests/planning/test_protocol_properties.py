@@ -56,7 +56,7 @@ def worlds(draw):
 def test_protocol_guarantees(case):
     costs, world, views, cfg = case
     sim = simulate_epoch(costs, cfg, world, views=views)  # raises if the round bound is exceeded
-    assert sim.rounds <= round_bound(sim.views, cfg.buffer_size, cfg.join, cfg.quota or len(costs))
+    assert sim.rounds <= round_bound(sim.views, cfg.join, cfg.quota or len(costs))
     # same number of steps on every rank
     assert len({len(slots) for slots in sim.slots}) == 1
     trained = sim.trained_indices()
@@ -144,6 +144,17 @@ def test_target_examples():
     # all draining: the fewest slots that empty every buffer
     assert target_groups([RankStatus(2, 9, True), RankStatus(3, 3, True), RankStatus(0, 0, True)]) == 3
     assert target_groups([RankStatus(0, 0, True)] * 3) == 0
+
+
+def test_a_streaming_rank_with_more_groups_overflows_and_counts_them():
+    # rank 0's window holds 8 one-sample groups, rank 1's 2 groups of 4: the target is 2,
+    # so rank 0 keeps 2 groups and sends 6 back to its window
+    costs = [SampleCost(40, 40)] * 20 + [SampleCost(10, 10)] * 20
+    cfg = ODBConfig(token_budget=40, buffer_size=8)
+    sim = simulate_epoch(costs, cfg, 2, views=[list(range(0, 20)), list(range(20, 40))])
+    first = sim.stats[0][0]
+    assert (first.target, first.overflow_groups, first.splits) == (2, 6, 0)
+    assert sorted(sim.trained_indices()) == list(range(40))
 
 
 def test_join_draining_rank_splits_instead_of_idling():
