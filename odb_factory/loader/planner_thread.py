@@ -172,10 +172,9 @@ class EpochPlanner:
             self.peer_departure = exc
         else:
             self.failure = exc
-        if announce and not self._protocol_over:
-            self._protocol_over = True
+        was_over, self._protocol_over = self._protocol_over, True  # no exchange follows a failure
+        if announce and not was_over:
             self.sync.announce_departure(self._departure("failed", exc), "failure notice")
-        self._protocol_over = True  # a peer's notice or a broken exchange: the protocol is over
 
     def _departure(self, reason: str, exc: Optional[BaseException] = None) -> Departure:
         message = f"{type(exc).__name__}: {exc}" if exc is not None else ""
