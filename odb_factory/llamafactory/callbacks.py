@@ -43,12 +43,15 @@ class ODBCallback(TrainerCallback):
         if not self.max_steps_from_user:
             # Keep HF's step bound ahead of the real count until the data says stop, and
             # let the estimate follow the samples actually consumed.
+            bound_reached = trainer_state.global_step >= trainer_state.max_steps
             done = state.progress.fraction
             estimate = round(trainer_state.global_step / done) if done > 0 else trainer_state.max_steps
             trainer_state.max_steps = max(estimate, trainer_state.global_step + 2)
             if trainer_state.epoch >= self.num_train_epochs - 1e-9:
                 control.should_training_stop = True
-            else:
+            elif bound_reached:
+                # HF stopped at its step estimate, which ODB's variable batches overrun; a stop
+                # asked for by another callback (LLaMA-Board's abort, a user's) is kept
                 control.should_training_stop = False
         return control
 

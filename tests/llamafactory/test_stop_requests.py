@@ -1,0 +1,43 @@
+"""A stop asked for by another trainer callback (a user's, LLaMA-Board's abort) ends an ODB
+run in groups mode, where ODB keeps HF's step bound ahead of its variable-batch step count."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+pytest.importorskip("llamafactory")
+
+from tests.helpers.lf_runs import base_yaml, env  # noqa: E402
+
+SCRIPT = """
+import sys, yaml
+from transformers import TrainerCallback
+from llamafactory.train.tuner import run_exp
+
+class StopAfterTwoSteps(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= 2:
+            control.should_training_stop = True
+
+run_exp(yaml.safe_load(open(sys.argv[1])), callbacks=[StopAfterTwoSteps()])
+"""
+
+
+@pytest.mark.slow
+def test_a_stop_requested_by_another_callback_is_honoured(tmp_path, tiny_model, demo_data):
+    out = tmp_path / "out"
+    config = base_yaml(tiny_model, demo_data, out, odb_enable=True, odb_step="groups", odb_token_budget=2048,
+                       max_samples=64, dataloader_num_workers=0)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], env=env(), cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 2, state["global_step"]
+    assert state["epoch"] < 1.0   # the epoch was cut short, not completed
