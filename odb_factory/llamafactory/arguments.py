@@ -132,6 +132,15 @@ def check_compatible(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
     if raw.get("streaming"):
         problems.append("streaming: ODB needs a map-style dataset (views and resume are by index); "
                         "set streaming: false")
+    # (Megatron-Core, USE_MCA=1, parses its arguments elsewhere: the parser patch refuses it)
+    for key, name in {"use_hyper_parallel": "hyper-parallel", "use_kt": "KTransformers"}.items():
+        if raw.get(key):
+            problems.append(f"{key}: {name} training runs its own trainer and data path, which ODB "
+                            f"does not hook; remove the odb_* keys or turn {key} off")
+    if raw.get("tokenized_path"):
+        problems.append("tokenized_path: LLaMA-Factory would tokenize the whole dataset up front and "
+                        "save it, while ODB processes each sample lazily in its DataLoader workers; "
+                        "remove tokenized_path")
     if raw.get("group_by_length") or raw.get("train_sampling_strategy") == "group_by_length":
         problems.append("group_by_length sampling: ODB already groups by real length; use the "
                         "default train_sampling_strategy")

@@ -1,4 +1,5 @@
-"""Target: llamafactory.hparams.parser._parse_train_args (written for LLaMA-Factory 0.9.5).
+"""Target: llamafactory.hparams.parser._parse_train_args and _parse_train_mca_args (written
+for LLaMA-Factory 0.9.5).
 
 `get_train_args` looks this function up at call time, so wrapping it adds the `odb_*` keys
 as their own dataclass without touching LLaMA-Factory's (TrainingArguments is pickled into
@@ -40,3 +41,17 @@ def apply(unsupported: str | None = None) -> None:
 
     _parse_train_args._odb_wrapped = True
     parser._parse_train_args = _parse_train_args
+
+    mca = getattr(parser, "_parse_train_mca_args", None)
+    if mca is not None:
+        @functools.wraps(mca)
+        def _parse_train_mca_args(args=None):
+            from odb_factory.llamafactory import arguments, state
+            state.current = None
+            if isinstance(args, dict) and arguments.split_odb_keys(args)[1]:
+                raise ValueError("odb_* keys with USE_MCA=1: Megatron-Core (MCA) training runs its own "
+                                 "trainer and data path, which ODB does not hook; remove the odb_* keys "
+                                 "or unset USE_MCA")
+            return mca(args)
+
+        parser._parse_train_mca_args = _parse_train_mca_args

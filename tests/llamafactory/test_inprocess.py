@@ -103,12 +103,22 @@ def test_lazy_equals_eager_on_real_demo_data(lf, tmp_path, tiny_model):
     ({"use_dft_loss": True}, "use_dft_loss"),
     ({"streaming": True}, "streaming: ODB needs a map-style dataset"),
     ({"accelerator_config": {"dispatch_batches": True}}, "dispatch_batches"),
+    ({"tokenized_path": "tokenized"}, "tokenized_path: LLaMA-Factory would tokenize the whole dataset"),
+    ({"use_hyper_parallel": True}, "use_hyper_parallel: hyper-parallel training runs its own trainer"),
+    ({"use_kt": True}, "use_kt: KTransformers training runs its own trainer"),
 ])
 def test_bad_odb_settings_are_named(lf, tmp_path, tiny_model, demo_data, change, message):
     config = base_yaml(tiny_model, demo_data, tmp_path / "out", **{"odb_enable": True, **change})
     with pytest.raises(ValueError) as info:
         lf[0](config)
     assert message in str(info.value)
+
+
+def test_megatron_core_runs_refuse_odb_keys(lf, tmp_path, tiny_model, demo_data, monkeypatch):
+    monkeypatch.setenv("USE_MCA", "1")
+    config = base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True)
+    with pytest.raises(ValueError, match=r"odb_\* keys with USE_MCA=1: Megatron-Core \(MCA\) training runs"):
+        lf[0](config)
 
 
 def test_missing_paths_are_named(lf, tmp_path, tiny_model, demo_data):
