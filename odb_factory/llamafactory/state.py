@@ -18,6 +18,7 @@ class SampleProgress:
     """Fraction of all samples of the run trained so far (all ranks, all epochs)."""
     consumed: int = 0
     total: int = 0
+    input_tokens: int = 0   # LLM input tokens this rank trained in this process (not IDLE fillers)
 
     @property
     def fraction(self) -> float:

@@ -85,6 +85,7 @@ class TrainLoader:
             self.pending.append(step)
             self.epoch_consumed += step.global_num_samples
             state.progress.consumed += step.global_num_samples
+            state.progress.input_tokens += step.input_tokens
             if not self.samples_mode:
                 yield batch
                 continue

@@ -1,5 +1,7 @@
-"""A stop asked for by another trainer callback (a user's, LLaMA-Board's abort) ends an ODB
-run in groups mode, where ODB keeps HF's step bound ahead of its variable-batch step count."""
+"""What else a LLaMA-Factory run controls or reports, with ODB on: a stop asked for by
+another trainer callback (a user's, LLaMA-Board's abort) ends the run in groups mode, where ODB
+keeps HF's step bound ahead of its variable-batch step count; `effective_tokens_per_sec`
+counts the tokens trained without running the lazy pipeline over the dataset again."""
 
 from __future__ import annotations
 
@@ -41,3 +43,18 @@ def test_a_stop_requested_by_another_callback_is_honoured(tmp_path, tiny_model, 
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 2, state["global_step"]
     assert state["epoch"] < 1.0   # the epoch was cut short, not completed
+
+
+@pytest.mark.slow
+def test_effective_tokens_per_second_counts_the_trained_tokens_without_a_second_pass(
+        tmp_path, tiny_model, demo_data):
+    from tests.helpers.lf_runs import ledger, train
+    out, audit = tmp_path / "out", tmp_path / "audit"
+    config = base_yaml(tiny_model, demo_data, out, odb_enable=True, odb_step="groups",
+                       odb_token_budget=2048, max_samples=48, odb_audit_dir=str(audit),
+                       include_effective_tokens_per_second=True)
+    train(config, nproc=2)
+    metrics = json.loads((out / "train_results.json").read_text())
+    tokens = sum(row["input_tokens"] for row in ledger(audit))   # both ranks' ledgers
+    expected = tokens / metrics["train_runtime"] / 2
+    assert metrics["effective_tokens_per_sec"] == pytest.approx(expected, rel=1e-3)
