@@ -148,6 +148,31 @@ def check_compatible(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
         raise ValueError("incompatible settings with odb_enable: true:\n  - " + "\n  - ".join(problems))
 
 
+VISION_STAGE_MODEL_TYPES = ("qwen3_vl",)
+
+
+def vision_stage_refusal(model_type: Optional[str]) -> Optional[str]:
+    """Why `odb_balance_stages: [vision]` cannot run on a model of this type (None: it can)."""
+    if model_type in VISION_STAGE_MODEL_TYPES:
+        return None
+    return (f"odb_balance_stages: [vision] supports Qwen3-VL models; this model is '{model_type}'. "
+            "Use odb_balance_stages: [llm]")
+
+
+def check_model(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
+    """What the model's own config.json rules out, read at parse time when the model is a
+    local folder (a hub id is checked once the model is loaded)."""
+    import json
+    from pathlib import Path
+    if not odb.vision_stage:
+        return
+    config = Path(str(raw.get("model_name_or_path", ""))).expanduser() / "config.json"
+    if config.is_file():
+        reason = vision_stage_refusal(json.loads(config.read_text()).get("model_type"))
+        if reason is not None:
+            raise ValueError(reason)
+
+
 def check_paths(raw: Mapping[str, Any]) -> None:
     """Missing local model or data paths, named before any process starts training."""
     from pathlib import Path

@@ -21,6 +21,7 @@ from ..loader import ODBDataLoader
 from ..loss import weighted_token_sum
 from ..planning.optimizer_steps import StandardStep
 from . import state
+from .arguments import vision_stage_refusal
 from .callbacks import ODBCallback, state_path
 from .lazy_dataset import LazySupervisedDataset
 from .train_loader import LFCollate, OptimizerStepBatch, TrainLoader
@@ -119,10 +120,9 @@ class ODBTrainerMixin:
 
         import torch.distributed as dist
         model = self.accelerator.unwrap_model(self.model)
-        model_type = getattr(getattr(model, "config", None), "model_type", None)
-        if model_type != "qwen3_vl":
-            raise ValueError(f"odb_balance_stages: [vision] supports Qwen3-VL models; this model is "
-                             f"'{model_type}'. Use odb_balance_stages: [llm]")
+        refusal = vision_stage_refusal(getattr(getattr(model, "config", None), "model_type", None))
+        if refusal is not None:  # a hub model id, not checked at parse time
+            raise ValueError(refusal)
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
         from odb_factory_patches import transformers_qwen3_vl

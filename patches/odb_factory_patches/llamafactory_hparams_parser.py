@@ -35,6 +35,7 @@ def apply(unsupported: str | None = None) -> None:
         arguments.check_compatible(odb, rest)
         if odb.adapter.enable:
             arguments.check_paths(rest)
+            arguments.check_model(odb, rest)
             rest = arguments.hand_accumulation_to_odb(odb, rest)
         state.current = odb
         return original(rest)

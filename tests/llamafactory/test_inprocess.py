@@ -114,6 +114,16 @@ def test_bad_odb_settings_are_named(lf, tmp_path, tiny_model, demo_data, change,
     assert message in str(info.value)
 
 
+def test_vision_stage_on_a_text_model_is_refused_at_parse_time(lf, tmp_path, tiny_model, demo_data):
+    from odb_factory.demo.tiny_qwen3 import build_tiny_qwen3
+    model = build_tiny_qwen3(tmp_path / "tiny_qwen3", seed=0)
+    config = base_yaml(model, demo_data, tmp_path / "out", odb_enable=True, odb_balance=True,
+                       odb_balance_stages=["llm", "vision"])
+    with pytest.raises(ValueError, match=r"^odb_balance_stages: \[vision\] supports Qwen3-VL models; "
+                                         r"this model is 'qwen3'\. Use odb_balance_stages: \[llm\]$"):
+        lf[0](config)
+
+
 def test_megatron_core_runs_refuse_odb_keys(lf, tmp_path, tiny_model, demo_data, monkeypatch):
     monkeypatch.setenv("USE_MCA", "1")
     config = base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True)
