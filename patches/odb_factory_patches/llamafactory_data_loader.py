@@ -2,7 +2,8 @@
 
 With ODB and odb_lazy_preprocess (the default), the SFT training split is not mapped up
 front: it becomes a LazySupervisedDataset that runs the same SupervisedDatasetProcessor per
-sample in the DataLoader workers. Evaluation splits and every other case run upstream.
+sample in the DataLoader workers, after a pre-flight check of its media files
+(odb_factory/llamafactory/preflight.py). Evaluation splits and every other case run upstream.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ def apply() -> None:
     def _get_preprocessed_dataset(dataset, data_args, training_args, stage, template, tokenizer,
                                   processor=None, is_eval=False):
         from odb_factory.llamafactory import state
+        from odb_factory.llamafactory import preflight
         from odb_factory.llamafactory.lazy_dataset import LazySupervisedDataset
         odb = state.active()
         if (odb is None or not odb.adapter.lazy_preprocess or is_eval or stage != "sft"
@@ -31,6 +33,7 @@ def apply() -> None:
         lazy = LazySupervisedDataset(dataset, dataset_processor)
         if len(lazy) == 0:
             raise RuntimeError("Cannot find valid samples, check `data/README.md` for the data format.")
+        preflight.check_media(dataset, lazy.rows, getattr(data_args, "media_dir", None))
         if training_args.should_log:
             print("training example (processed lazily, per sample, in the DataLoader workers):")
             dataset_processor.print_data_example(lazy[0])

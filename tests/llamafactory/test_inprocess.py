@@ -114,6 +114,26 @@ def test_bad_odb_settings_are_named(lf, tmp_path, tiny_model, demo_data, change,
     assert message in str(info.value)
 
 
+def test_missing_and_unreadable_media_are_found_before_training(lf, tmp_path, tiny_model, demo_data):
+    import shutil
+    from odb_factory.llamafactory.preflight import MediaFileError
+    data = tmp_path / "data"
+    shutil.copytree(demo_data, data)
+    rows = json.loads((data / "demo.json").read_text())
+    missing, broken = rows[3]["images"][1], rows[4]["images"][0]
+    (data / missing).unlink()
+    (data / broken).write_bytes(b"not a png at all")
+    config = base_yaml(tiny_model, data, tmp_path / "out", odb_enable=True)
+    with pytest.raises(MediaFileError) as info:
+        _datasets(lf, config)
+    text = str(info.value)
+    assert text.startswith("2 training row(s) name 2 media file(s) that cannot be used (found before "
+                           "training; "), text
+    # LLaMA-Factory keeps a path it could not resolve as it was written
+    assert f"training row 3: image {missing} does not exist" in text, text
+    assert f"training row 4: image {data / broken} cannot be read (UnidentifiedImageError" in text, text
+
+
 def test_vision_stage_on_a_text_model_is_refused_at_parse_time(lf, tmp_path, tiny_model, demo_data):
     from odb_factory.demo.tiny_qwen3 import build_tiny_qwen3
     model = build_tiny_qwen3(tmp_path / "tiny_qwen3", seed=0)
