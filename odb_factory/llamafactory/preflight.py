@@ -67,6 +67,14 @@ def file_problem(kind: str, path: str) -> Optional[str]:
     return None
 
 
+def _column(converted: Any, column: str) -> List[Any]:
+    """One column as a Python list: a datasets.Dataset converts it in one arrow pass (indexing
+    its Column row by row costs an arrow slice per row)."""
+    if hasattr(converted, "select_columns"):
+        return converted.select_columns([column]).to_dict()[column]
+    return list(converted[column])
+
+
 def media_problems(converted: Any, rows: Sequence[int],
                    threads: Optional[int] = None) -> Tuple[List[MediaProblem], int]:
     """(problems in row order, number of distinct files checked) for the given rows of
@@ -75,7 +83,7 @@ def media_problems(converted: Any, rows: Sequence[int],
     for kind, column in MEDIA_COLUMNS:
         if column not in converted.column_names:
             continue
-        values = converted[column]
+        values = _column(converted, column)
         for row in rows:
             for path in _paths(values[row] or []):
                 uses.append((row, kind, path))
