@@ -123,11 +123,8 @@ class EpochPlanner:
         if failure is not None and self._trainer_failure is None:
             self._trainer_failure = failure
         self.stop.set()
-        if self.inline and not self._protocol_over:
-            try:  # nobody else will take part in the peers' next exchange
-                self.leave_protocol()
-            except _Stopped:
-                pass
+        if self.inline:  # nobody else will take part in the peers' next exchange
+            self._announce_leaving()
 
     def error_before(self, step: int) -> Optional[BaseException]:
         """The error the trainer must raise instead of receiving `step`, if any."""
@@ -180,13 +177,17 @@ class EpochPlanner:
         message = f"{type(exc).__name__}: {exc}" if exc is not None else ""
         return Departure(self.sync.rank, self.epoch, reason, self._last_step, message)
 
-    def leave_protocol(self) -> None:
-        """The trainer stopped: announce it in place of our next exchange, then stop."""
+    def _announce_leaving(self) -> None:
+        """Tell the peers, in place of our next exchange, that the trainer stopped (and why)."""
         if not self._protocol_over:
             self._protocol_over = True
             failure = self._trainer_failure
             self.sync.announce_departure(
                 self._departure("failed" if failure else "left", failure), "departure notice")
+
+    def leave_protocol(self) -> None:
+        """The trainer stopped: announce it in place of our next exchange, then stop."""
+        self._announce_leaving()
         raise _Stopped()
 
     def _exchange(self, obj: Any, what: str, round: int) -> List[Any]:
