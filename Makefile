@@ -13,7 +13,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv test demo bench clean mutation
+.PHONY: venv test test-transformers-4.57 demo bench clean mutation
 
 venv: $(STAMP)
 
@@ -33,6 +33,18 @@ $(STAMP): setup.cfg constraints.txt pyproject.toml
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# The LLaMA-Factory tests again on transformers 4.57.6 (what most LLaMA-Factory 0.9.x GPU
+# users run), laid over the default environment without touching it.
+TF457 := .venv-transformers-4.57
+TF457_STAMP := $(TF457)/.odb-factory-installed
+$(TF457_STAMP): $(STAMP) constraints-transformers-4.57.txt
+	rm -rf $(TF457)
+	$(PIP) install -q --no-deps --target $(TF457) -r constraints-transformers-4.57.txt
+	touch $@
+
+test-transformers-4.57: $(TF457_STAMP)
+	PYTHONPATH=$(CURDIR)/$(TF457) $(PY) -m pytest -q -p no:cacheprovider tests/llamafactory tests/patches
 
 demo: $(STAMP)
 	$(PY) -m odb_factory.demo
@@ -70,4 +82,4 @@ mutation: $(STAMP)
 	cd $(MUTATION_DIR) && $(CURDIR)/$(PY) -m mutmut results
 
 clean:
-	rm -rf $(VENV) build *.egg-info bench/results
+	rm -rf $(VENV) $(TF457) build *.egg-info bench/results

@@ -151,6 +151,7 @@ def _train_tokenizer(seed: int):
     """Train the byte-level BPE (deterministic) and wrap it as transformers' Qwen2Tokenizer."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
     from tokenizers.models import BPE
+    import transformers
     from transformers import Qwen2Tokenizer
 
     bpe = Tokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
@@ -179,21 +180,21 @@ def _train_tokenizer(seed: int):
     for i, t in enumerate(SPECIAL_TOKENS + PLAIN_ADDED_TOKENS):
         vocab[t] = base + i
 
-    tok = Qwen2Tokenizer(
-        vocab=vocab,
-        merges=merges,
-        unk_token=None,
-        bos_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        errors="replace",
-        model_max_length=8192,
-        split_special_tokens=False,
-    )
-    tok.add_special_tokens(
-        {"extra_special_tokens": [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS[1:]]},
-        replace_extra_special_tokens=True,
-    )
+    options = dict(unk_token=None, bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                   errors="replace", model_max_length=8192, split_special_tokens=False)
+    extra = [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS[1:]]
+    if transformers.__version__.startswith("4."):
+        # 4.x builds the (fast) tokenizer from files and calls the extra special tokens "additional"
+        from transformers import Qwen2TokenizerFast
+        with tempfile.TemporaryDirectory() as folder:
+            vocab_file, merges_file = Path(folder) / "vocab.json", Path(folder) / "merges.txt"
+            vocab_file.write_text(json.dumps(vocab))
+            merges_file.write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+            tok = Qwen2TokenizerFast(vocab_file=str(vocab_file), merges_file=str(merges_file), **options)
+        tok.add_special_tokens({"additional_special_tokens": extra}, replace_additional_special_tokens=True)
+    else:
+        tok = Qwen2Tokenizer(vocab=vocab, merges=merges, **options)
+        tok.add_special_tokens({"extra_special_tokens": extra}, replace_extra_special_tokens=True)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in PLAIN_ADDED_TOKENS])
     for i, t in enumerate(SPECIAL_TOKENS + PLAIN_ADDED_TOKENS):
         if tok.convert_tokens_to_ids(t) != base + i:
@@ -210,6 +211,20 @@ def _token_ids(tok) -> dict[str, int]:
     return ids
 
 
+def rope_for_installed_transformers(text_config: dict) -> dict:
+    """transformers 5.x reads `rope_parameters`; 4.x reads `rope_theta` and `rope_scaling`
+    (where Qwen-VL keeps its mrope sections)."""
+    import transformers
+
+    if not transformers.__version__.startswith("4.") or "rope_parameters" not in text_config:
+        return text_config
+    text = {k: v for k, v in text_config.items() if k != "rope_parameters"}
+    rope = dict(text_config["rope_parameters"])
+    text["rope_theta"] = rope.pop("rope_theta")
+    text["rope_scaling"] = rope
+    return text
+
+
 def make_vl_config(config_class, tok, text_config: dict, vision_config: dict):
     """A Qwen-VL config whose special-token ids are the tiny tokenizer's (shared by the
     Qwen3-VL and Qwen2.5-VL builders). Returns (config, token ids)."""
@@ -217,7 +232,8 @@ def make_vl_config(config_class, tok, text_config: dict, vision_config: dict):
 
     ids = _token_ids(tok)
     vocab_size = -(-len(tok) // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
-    text = dict(copy.deepcopy(text_config), vocab_size=vocab_size, pad_token_id=ids["<|endoftext|>"])
+    text = dict(rope_for_installed_transformers(copy.deepcopy(text_config)), vocab_size=vocab_size,
+                pad_token_id=ids["<|endoftext|>"])
     text["bos_token_id"] = None  # like the tokenizer (Qwen has no BOS); avoids HF's token-alignment warning
     text["eos_token_id"] = ids["<|im_end|>"]
     config = config_class(

@@ -144,8 +144,38 @@ def check_compatible(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
     if raw.get("group_by_length") or raw.get("train_sampling_strategy") == "group_by_length":
         problems.append("group_by_length sampling: ODB already groups by real length; use the "
                         "default train_sampling_strategy")
+    problems += version_problems(odb, raw, _transformers_version())
     if problems:
         raise ValueError("incompatible settings with odb_enable: true:\n  - " + "\n  - ".join(problems))
+
+
+def _transformers_version() -> str:
+    import transformers
+    return transformers.__version__
+
+
+# transformers versions whose flash-attention path fails on every call of a model without
+# attention sinks: integrations/flash_attention.py passes `s_aux.to(...)` with s_aux None.
+FLASH_ATTENTION_BROKEN = ("5.6.0",)
+
+
+def version_problems(odb: ODBRunOptions, raw: Mapping[str, Any], transformers_version: str) -> List[str]:
+    """What the installed transformers rules out for this run."""
+    problems = []
+    if str(raw.get("flash_attn", "auto")) in ("fa2", "fa3") and transformers_version in FLASH_ATTENTION_BROKEN:
+        problems.append(f"flash_attn: {raw['flash_attn']}: transformers {transformers_version}'s flash "
+                        "attention fails on the first forward (flash_attention_forward calls "
+                        "s_aux.to() with s_aux None); use flash_attn: sdpa, or transformers 4.57.6")
+    from odb_factory_patches.transformers_qwen3_vl import TRANSFORMERS_VERSIONS as VISION_VERSIONS
+    if odb.vision_stage and transformers_version not in VISION_VERSIONS:
+        problems.append(f"odb_balance_stages: [vision] runs inside Qwen3-VL's forward as transformers "
+                        f"{', '.join(VISION_VERSIONS)} writes it; transformers {transformers_version} is "
+                        "installed. Use odb_balance_stages: [llm]")
+    if raw.get("include_tokens_per_second") and transformers_version.startswith("4."):
+        problems.append("include_tokens_per_second: transformers 4.x counts the tokens by iterating the "
+                        "training loader once before training (a whole extra epoch of ODB's lazy "
+                        "pipeline, on every rank); use include_effective_tokens_per_second")
+    return problems
 
 
 VISION_STAGE_MODEL_TYPES = ("qwen3_vl",)

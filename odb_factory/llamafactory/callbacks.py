@@ -29,10 +29,31 @@ class ODBCallback(TrainerCallback):
         self.max_steps_from_user = max_steps_from_user
         self.num_train_epochs = num_train_epochs
         self.window: Dict[str, float] = {}
+        self.resume_from: Optional[str] = None   # set by the trainer's train()
 
-    def on_train_begin(self, args, state_, control, **kwargs):
+    def on_train_begin(self, args, trainer_state, control, **kwargs):
+        if self.resume_from is not None:
+            self._restore(self.resume_from, trainer_state.global_step)
         if self.ledger is not None:
             self.ledger.open()
+
+    def _restore(self, checkpoint: str, global_step: int) -> None:
+        """Put the loader where the checkpoint's run was. HF then starts its epoch loop at
+        global_step // updates_per_epoch, which in groups mode (a per-epoch step bound) can be
+        an earlier epoch than the loader's: the loader shifts HF's epoch numbers by the
+        difference."""
+        path = state_path(checkpoint, self.rank)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path} is missing: this checkpoint was not written by an ODB run with the same "
+                "world size, so ODB cannot resume its data position")
+        saved = json.loads(path.read_text())
+        loader = self.train_loader_of()
+        loader.loader.load_state_dict(saved["loader"])
+        loader.epoch_consumed = saved["epoch_consumed"]
+        state.progress.consumed, state.progress.total = saved["progress"]
+        hf_epoch = global_step // max(1, loader.updates_per_epoch)
+        loader.epoch_shift = max(0, saved["loader"]["epoch"] - hf_epoch)
 
     def on_step_end(self, args, trainer_state, control, **kwargs):
         loader = self.train_loader_of()

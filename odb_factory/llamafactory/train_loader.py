@@ -33,8 +33,19 @@ class OptimizerStepBatch:
     def __init__(self, micro_batches: List[Dict[str, Any]]):
         self.micro_batches = micro_batches
 
+    # HF counts no labels here (the sample weights carry the loss normalisation); transformers
+    # 4.57's loop reads the inputs directly to count tokens seen (5.x calls
+    # _track_num_input_tokens, which the trainer overrides).
+    COUNTED = ("input_ids", "attention_mask")
+
     def __contains__(self, key: str) -> bool:
-        return False  # HF counts no labels here: the sample weights carry the loss normalisation
+        return key in self.COUNTED and all(key in b for b in self.micro_batches)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        """All micro-batches' `input_ids` or `attention_mask`, flattened into one tensor."""
+        if key not in self:
+            raise KeyError(key)
+        return torch.cat([b[key].reshape(-1) for b in self.micro_batches])
 
 
 class TrainLoader:
@@ -51,12 +62,15 @@ class TrainLoader:
         self.steps_per_epoch = steps_per_epoch  # samples mode: optimizer steps of an epoch
         self.pending: List[ODBBatch] = []     # micro-steps since the last optimizer step
         self.epoch_consumed = 0               # samples of the current epoch, all ranks
+        self.updates_per_epoch = 0            # HF's optimizer steps per epoch (set_initial_training_values)
+        self.epoch_shift = 0                  # ODB epoch - HF epoch after a resume (callbacks._restore)
 
     @property
     def samples_mode(self) -> bool:
         return self.loader.config.step_mode == "samples"
 
     def set_epoch(self, epoch: int) -> None:
+        epoch += self.epoch_shift
         if epoch != self.loader.epoch:
             self.epoch_consumed = 0
         self.loader.set_epoch(epoch)
@@ -66,9 +80,10 @@ class TrainLoader:
         return self.loader.dataset
 
     def __len__(self) -> int:
-        if not self.samples_mode:
-            raise TypeError("groups mode has no fixed length; see steps_upper_bound()")
-        return self.steps_per_epoch
+        """Samples mode: the epoch's optimizer steps. Groups mode: the bound HF's loop runs to
+        (transformers 4.57 reads it as the epoch's length); the epoch ends earlier, through
+        `should_epoch_stop`."""
+        return self.steps_per_epoch if self.samples_mode else self.steps_upper_bound()
 
     def steps_upper_bound(self) -> int:
         """Micro-steps one epoch can take at most: every step trains at least one sample

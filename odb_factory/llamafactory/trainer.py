@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import sys
@@ -22,7 +21,7 @@ from ..loss import weighted_token_sum
 from ..planning.optimizer_steps import StandardStep
 from . import state
 from .arguments import vision_stage_refusal
-from .callbacks import ODBCallback, state_path
+from .callbacks import ODBCallback
 from .lazy_dataset import LazySupervisedDataset
 from .train_loader import LFCollate, OptimizerStepBatch, TrainLoader
 
@@ -68,7 +67,8 @@ class ODBTrainerMixin:
         self._odb_loss = self._odb_resolve_loss_scaling()
         if self._odb_loss == "exact" and not self._odb_samples_mode:
             self.compute_loss_func = token_sum_loss
-        # ODB resumes its own data position from per-rank state; HF must not re-skip batches.
+        # ODB resumes its own data position from per-rank state (ODBCallback.on_train_begin);
+        # HF must not re-skip batches.
         self.args.ignore_data_skip = True
         dataset = self.train_dataset
         row_of = dataset.dataset_row if isinstance(dataset, LazySupervisedDataset) else (lambda i: i)
@@ -192,12 +192,27 @@ class ODBTrainerMixin:
         accumulation = self._odb.config.gradient_accumulation_steps
         return [StandardStep(tuple(batches[k:k + accumulation])) for k in range(0, len(batches), accumulation)]
 
-    def set_initial_training_values(self, args, dataloader):
-        if self._odb_samples_mode:  # the fixed-batch run's steps: HF's own count is exact
-            return super().set_initial_training_values(args, dataloader)
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        # on_train_begin restores ODB's data position from this checkpoint (HF's own resume
+        # skips nothing: ignore_data_skip)
+        if resume_from_checkpoint is True:
+            from transformers.trainer_utils import get_last_checkpoint
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+        self._odb_callback.resume_from = resume_from_checkpoint or None
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def set_initial_training_values(self, args, dataloader, *total_train_batch_size):
+        """HF's 7-tuple of epochs and steps. transformers 5.x calls it with (args, dataloader)
+        and reads (..., total batch, steps in epoch, max steps); 4.57 passes the total batch
+        and reads (..., epoch_based, len_dataloader, max steps)."""
         loader: TrainLoader = dataloader
+        if self._odb_samples_mode:  # the fixed-batch run's steps: HF's own count is exact
+            values = super().set_initial_training_values(args, dataloader, *total_train_batch_size)
+            loader.updates_per_epoch = values[1]
+            return values
         bound = loader.steps_upper_bound()
         updates_per_epoch = bound // args.gradient_accumulation_steps
+        loader.updates_per_epoch = updates_per_epoch
         total_batch = self.get_total_train_batch_size(args)
         examples = len(loader.dataset)
         if args.max_steps > 0:
@@ -207,6 +222,8 @@ class ODBTrainerMixin:
             epochs = math.ceil(args.num_train_epochs)
             max_steps = self._odb_estimate_steps(loader, args)
             samples = state.progress.total
+        if total_train_batch_size:  # transformers 4.57
+            return epochs, updates_per_epoch, examples, samples, args.max_steps < 0, bound, max_steps
         return epochs, updates_per_epoch, examples, samples, total_batch, bound, max_steps
 
     def _odb_estimate_steps(self, loader: TrainLoader, args) -> int:
@@ -219,24 +236,6 @@ class ODBTrainerMixin:
         world = max(1, args.world_size)
         micro_steps = state.progress.total / (per_group * world)
         return max(1, math.ceil(micro_steps / args.gradient_accumulation_steps))
-
-    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs,
-                             resume_from_checkpoint, trial):
-        epochs_trained, _ = super()._init_training_state(
-            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial)
-        if resume_from_checkpoint is None:
-            return 0, 0
-        path = state_path(resume_from_checkpoint, self.args.process_index)
-        if not path.exists():
-            raise FileNotFoundError(
-                f"{path} is missing: this checkpoint was not written by an ODB run with the same "
-                "world size, so ODB cannot resume its data position")
-        saved = json.loads(path.read_text())
-        loader = self.get_train_dataloader()
-        loader.loader.load_state_dict(saved["loader"])
-        loader.epoch_consumed = saved["epoch_consumed"]
-        state.progress.consumed, state.progress.total = saved["progress"]
-        return saved["loader"]["epoch"], 0
 
     # ------------------------------------------------------------------ schedule and logs
     def create_scheduler(self, num_training_steps: int, optimizer=None):

@@ -11,7 +11,9 @@ import logging
 logger = logging.getLogger("odb_factory")
 
 LLAMAFACTORY_VERSIONS = ("0.9.5",)
-TRANSFORMERS_RANGE = ("5.6.0", "5.6.0")  # inclusive; the 4.57 Trainer has other hook signatures
+# Inclusive ranges. Within them the upstream contract (upstream_contract.py) decides; CI runs the
+# full suite on 5.6.0 and the LLaMA-Factory end-to-end tests on 4.57.6 (`make test-transformers-4.57`).
+TRANSFORMERS_RANGES = (("4.57.1", "4.57.6"), ("5.0.0", "5.6.0"))
 TORCH_VERSIONS = ("2.14.1",)  # torch_serialization (the CPU-resume fix)
 
 _applied = False
@@ -27,11 +29,16 @@ def unsupported_reason() -> str | None:
     if llamafactory.__version__ not in LLAMAFACTORY_VERSIONS:
         return (f"odb-factory supports LLaMA-Factory {', '.join(LLAMAFACTORY_VERSIONS)}; "
                 f"llamafactory {llamafactory.__version__} is installed")
-    low, high = (_version_tuple(v) for v in TRANSFORMERS_RANGE)
-    if not low <= _version_tuple(transformers.__version__) <= high:
-        return (f"odb-factory supports transformers {TRANSFORMERS_RANGE[0]}–{TRANSFORMERS_RANGE[1]}; "
+    if not transformers_supported(transformers.__version__):
+        ranges = " and ".join(f"{low}–{high}" for low, high in TRANSFORMERS_RANGES)
+        return (f"odb-factory supports transformers {ranges}; "
                 f"transformers {transformers.__version__} is installed")
     return None
+
+
+def transformers_supported(version: str) -> bool:
+    found = _version_tuple(version)
+    return any(_version_tuple(low) <= found <= _version_tuple(high) for low, high in TRANSFORMERS_RANGES)
 
 
 def cpu_resume_unsupported_reason() -> str | None:

@@ -3,7 +3,8 @@
 With ODB and odb_lazy_preprocess (the default), the SFT training split is not mapped up
 front: it becomes a LazySupervisedDataset that runs the same SupervisedDatasetProcessor per
 sample in the DataLoader workers, after a pre-flight check of its media files
-(odb_factory/llamafactory/preflight.py). Evaluation splits and every other case run upstream.
+(odb_factory/llamafactory/preflight.py) and of rows whose vision tokens cutoff_len would cut
+(odb_factory/llamafactory/cutoff_preflight.py). Evaluation splits and every other case run upstream.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def apply() -> None:
     def _get_preprocessed_dataset(dataset, data_args, training_args, stage, template, tokenizer,
                                   processor=None, is_eval=False):
         from odb_factory.llamafactory import state
-        from odb_factory.llamafactory import preflight
+        from odb_factory.llamafactory import cutoff_preflight, preflight
         from odb_factory.llamafactory.lazy_dataset import LazySupervisedDataset
         odb = state.active()
         if (odb is None or not odb.adapter.lazy_preprocess or is_eval or stage != "sft"
@@ -34,6 +35,7 @@ def apply() -> None:
         if len(lazy) == 0:
             raise RuntimeError("Cannot find valid samples, check `data/README.md` for the data format.")
         preflight.check_media(dataset, lazy.rows, getattr(data_args, "media_dir", None))
+        cutoff_preflight.check_cutoff(lazy)
         if training_args.should_log:
             print("training example (processed lazily, per sample, in the DataLoader workers):")
             dataset_processor.print_data_example(lazy[0])

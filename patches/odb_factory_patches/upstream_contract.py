@@ -49,10 +49,18 @@ class Entry:
     value: Any = _NO_VALUE        # a constant's expected value
     probe: Callable[[], str | None] | None = None  # behaviour check (deep only): None or a violation
     gate: str = "odb"
+    versions: tuple = ()          # (lowest, highest) version of `package` it applies to; () = all
 
     @property
     def symbol(self) -> str:
         return self.target.replace(":", ".")
+
+    def applies(self) -> bool:
+        if not self.versions:
+            return True
+        from . import _version_tuple
+        low, high = (_version_tuple(v) for v in self.versions)
+        return low <= _version_tuple(installed_version(self.package)) <= high
 
 
 # --------------------------------------------------------------------------- behaviour probes
@@ -201,6 +209,9 @@ _TRAINER = "odb_factory/llamafactory/trainer.py"
 _LAZY = "odb_factory/llamafactory/lazy_dataset.py"
 _QWEN = "patches/odb_factory_patches/transformers_qwen3_vl.py"
 _SELF_KW = ("self", "**kwargs")
+_TF457 = ("4.57.1", "4.57.6")
+_TF5 = ("5.0.0", "5.6.0")
+_TF_VISION = ("5.6.0", "5.6.0")  # transformers_qwen3_vl.TRANSFORMERS_VERSIONS
 _CONVERTED_COLUMNS = ("_prompt", "_response", "_system", "_tools", "_images", "_videos", "_audios")
 _PROCESS_MESSAGES = ("self", "messages", "images", "videos", "audios", "processor")
 _QWEN3VL = "transformers.models.qwen3_vl.modeling_qwen3_vl"
@@ -231,20 +242,39 @@ CONTRACT: tuple = (
           params=("storage", "location"), uses=("_package_registry",), probe=_probe_cpu_index_tag,
           gate="cpu_resume"),
     # ---- transformers Trainer
+    # The 5.x loop calls set_initial_training_values and runs each epoch in _run_epoch; 4.57's
+    # _inner_training_loop does both inline, with a third parameter and another 7-tuple.
     Entry("transformers", "transformers.trainer:Trainer._inner_training_loop", _TRAINER,
-          "the loop calls the three hooks the ODB trainer overrides",
-          uses=("get_train_dataloader", "set_initial_training_values", "_init_training_state")),
+          "the loop calls the hooks the ODB trainer overrides", versions=_TF5,
+          uses=("get_train_dataloader", "set_initial_training_values", "_run_epoch", "on_train_begin")),
     Entry("transformers", "transformers.trainer:Trainer.set_initial_training_values", _TRAINER,
-          "overridden: epochs and steps from the ODB loader's bound (same 7-tuple)",
-          params=("self", "args", "dataloader")),
-    Entry("transformers", "transformers.trainer:Trainer._init_training_state", _TRAINER,
-          "overridden: restores ODB's per-rank data position on resume",
-          params=("self", "max_steps", "num_update_steps_per_epoch", "num_train_epochs",
-                  "resume_from_checkpoint", "trial"), uses=("ignore_data_skip",)),
+          "overridden: epochs and steps from the ODB loader's bound (7-tuple with total_train_batch_size "
+          "and steps_in_epoch)", params=("self", "args", "dataloader"), versions=_TF5),
     Entry("transformers", "transformers.trainer:Trainer._run_epoch", "odb_factory/llamafactory/train_loader.py",
           "TrainLoader gets set_epoch and ends the epoch via control.should_epoch_stop; "
-          "ignore_data_skip stops HF from skipping batches",
+          "ignore_data_skip stops HF from skipping batches", versions=_TF5,
           uses=("set_epoch", "get_batch_samples", "should_epoch_stop", "ignore_data_skip")),
+    Entry("transformers", "transformers.trainer:Trainer._track_num_input_tokens", _TRAINER,
+          "overridden: counts the tokens of each micro-batch of a samples-mode step",
+          params=("self", "inputs"), versions=_TF5),
+    Entry("transformers", "transformers.trainer:Trainer._inner_training_loop", _TRAINER,
+          "the loop calls the hooks the ODB trainer overrides, sets each epoch on the loader, takes "
+          "len(loader) as the epoch's bound and ends the epoch on control.should_epoch_stop; "
+          "ignore_data_skip stops it from skipping batches", versions=_TF457,
+          uses=("get_train_dataloader", "set_initial_training_values", "on_train_begin", "set_epoch",
+                "get_batch_samples", "should_epoch_stop", "ignore_data_skip")),
+    Entry("transformers", "transformers.trainer:Trainer.set_initial_training_values", _TRAINER,
+          "overridden: epochs and steps from the ODB loader's bound (7-tuple with epoch_based and "
+          "len_dataloader)", params=("self", "args", "dataloader", "total_train_batch_size"),
+          versions=_TF457),
+    Entry("transformers", "transformers.trainer:Trainer.train", _TRAINER,
+          "overridden to learn the checkpoint a run resumes from (on_train_begin restores ODB's data "
+          "position from it)", params=("self", "resume_from_checkpoint", "trial", "ignore_keys_for_eval"),
+          versions=_TF5),
+    Entry("transformers", "transformers.trainer:Trainer.train", _TRAINER,
+          "overridden to learn the checkpoint a run resumes from (on_train_begin restores ODB's data "
+          "position from it)", params=("self", "resume_from_checkpoint", "trial", "ignore_keys_for_eval",
+                                       "**kwargs"), versions=_TF457),
     Entry("transformers", "transformers.trainer:Trainer.get_batch_samples", _TRAINER,
           "counts the label tokens of an accumulation window (num_items_in_batch) the exact loss divides by",
           params=("self", "epoch_iterator", "num_batches", "device"), uses=("_get_num_items_in_batch",)),
@@ -357,30 +387,30 @@ CONTRACT: tuple = (
           params=("self", "input_ids", "attention_mask", "position_ids", "past_key_values", "inputs_embeds",
                   "pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw",
                   "mm_token_type_ids", "**kwargs"),
-          uses=("get_image_features", "get_video_features"), probe=_probe_pixel_identity, gate="vision"),
+          uses=("get_image_features", "get_video_features"), probe=_probe_pixel_identity, gate="vision", versions=_TF_VISION),
     Entry("transformers", f"{_QWEN3VL}:Qwen3VLModel.get_image_features", _QWEN,
           "replaced: returns the stashed or balanced embeddings; self.visual is the tower",
-          params=("self", "pixel_values", "image_grid_thw", "**kwargs"), uses=("visual",), gate="vision"),
+          params=("self", "pixel_values", "image_grid_thw", "**kwargs"), uses=("visual",), gate="vision", versions=_TF_VISION),
     Entry("transformers", f"{_QWEN3VL}:Qwen3VLModel.get_video_features", _QWEN,
           "delegates to get_image_features, so the one replacement covers videos",
           params=("self", "pixel_values_videos", "video_grid_thw", "**kwargs"), uses=("get_image_features",),
-          gate="vision"),
+          gate="vision", versions=_TF_VISION),
     Entry("transformers", f"{_QWEN3VL}:BaseModelOutputWithDeepstackFeatures", _QWEN,
           "the output the replacement builds", fields=("last_hidden_state", "pooler_output", "deepstack_features"),
-          gate="vision"),
+          gate="vision", versions=_TF_VISION),
     Entry("transformers", f"{_QWEN3VL}:Qwen3VLVisionModel.forward", "odb_factory/encoder_stage/vision.py",
           "the balancer runs the tower on its share and reads pooler_output/deepstack_features",
           params=("self", "hidden_states", "grid_thw", "**kwargs"),
-          uses=("pooler_output", "deepstack_features"), gate="vision"),
+          uses=("pooler_output", "deepstack_features"), gate="vision", versions=_TF_VISION),
     Entry("transformers", f"{_QWEN3VL}:Qwen3VLVisionModel.__init__", _QWEN,
           "the replacement splits embeddings per item by the tower's spatial_merge_size",
-          uses=("spatial_merge_size",), gate="vision"),
+          uses=("spatial_merge_size",), gate="vision", versions=_TF_VISION),
     Entry("transformers", "transformers.models.qwen3_vl.configuration_qwen3_vl:Qwen3VLVisionConfig",
           "odb_factory/encoder_stage/vision.py", "TowerDims.of reads the tower's sizes", fields=(
               "in_channels", "patch_size", "temporal_patch_size", "spatial_merge_size", "out_hidden_size",
-              "deepstack_visual_indexes"), gate="vision"),
+              "deepstack_visual_indexes"), gate="vision", versions=_TF_VISION),
     Entry("transformers", "transformers.models.qwen3_vl.configuration_qwen3_vl:Qwen3VLConfig.model_type", _TRAINER,
-          "odb_balance_stages: [vision] accepts this model type", value="qwen3_vl", gate="vision"),
+          "odb_balance_stages: [vision] accepts this model type", value="qwen3_vl", gate="vision", versions=_TF_VISION),
 )
 
 
@@ -502,7 +532,7 @@ def check(entries: Iterable[Entry] | None = None, *, gates: Sequence[str] = GATE
     broken entry: package and installed version, symbol, what changed, who relies on it."""
     violations = []
     for entry in CONTRACT if entries is None else entries:
-        if entry.gate not in gates:
+        if entry.gate not in gates or not entry.applies():
             continue
         for problem in _problems(entry, deep):
             violations.append(f"{entry.package} {installed_version(entry.package)}: {entry.symbol} {problem} "
@@ -537,10 +567,11 @@ def _expectation(entry: Entry) -> str:
 
 
 def markdown_table() -> str:
-    rows = ["| Package | Symbol | Expected | Used by | Why | Gate |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| Package | Symbol | Versions | Expected | Used by | Why | Gate |",
+            "|---|---|---|---|---|---|---|"]
     for e in CONTRACT:
-        rows.append(f"| {e.package} | `{e.symbol}` | {_expectation(e)} | `{e.used_by}` | "
+        versions = "–".join(e.versions) if e.versions else "all"
+        rows.append(f"| {e.package} | `{e.symbol}` | {versions} | {_expectation(e)} | `{e.used_by}` | "
                     f"{e.why.replace('|', '/')} | {e.gate} |")
     return "\n".join(rows)
 

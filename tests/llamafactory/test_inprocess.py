@@ -53,21 +53,54 @@ def test_lazy_equals_eager_on_generated_multimodal_data(lf, tmp_path, tiny_model
     _assert_identical(*_datasets(lf, config))
 
 
-def test_truncated_vision_tokens_are_named(lf, tmp_path, tiny_model, demo_data):
-    from odb_factory.llamafactory.lazy_dataset import TruncatedVisionTokensError
-    lazy, eager = _datasets(lf, base_yaml(tiny_model, demo_data, tmp_path / "a", odb_enable=True, cutoff_len=128))
-    full, _ = _datasets(lf, base_yaml(tiny_model, demo_data, tmp_path / "b", odb_enable=True, cutoff_len=4096))
+def _rows_losing_image_tokens(lf, tmp_path, tiny_model, demo_data, monkeypatch):
+    """(lazy dataset at cutoff_len=128, indices whose image tokens upstream's own output cuts)."""
+    from odb_factory.llamafactory import cutoff_preflight
+    with monkeypatch.context() as patch:  # the per-row check alone
+        patch.setattr(cutoff_preflight, "check_cutoff", lambda lazy: None)
+        lazy, eager = _datasets(lf, base_yaml(tiny_model, demo_data, tmp_path / "a", odb_enable=True,
+                                              cutoff_len=128))
+        full, _ = _datasets(lf, base_yaml(tiny_model, demo_data, tmp_path / "b", odb_enable=True,
+                                          cutoff_len=4096))
     image_id = json.loads((tiny_model / "config.json").read_text())["image_token_id"]
-    cut = []
+    cut = [i for i in range(len(eager))
+           if eager[i]["input_ids"].count(image_id) != full[i]["input_ids"].count(image_id)]
+    return lazy, eager, cut
+
+
+def test_truncated_vision_tokens_are_named(lf, tmp_path, tiny_model, demo_data, monkeypatch):
+    from odb_factory.llamafactory.lazy_dataset import TruncatedVisionTokensError
+    lazy, eager, cut = _rows_losing_image_tokens(lf, tmp_path, tiny_model, demo_data, monkeypatch)
     for i in range(len(eager)):
-        # upstream's own output tells which rows lost image tokens to the cutoff
-        if eager[i]["input_ids"].count(image_id) != full[i]["input_ids"].count(image_id):
-            cut.append(i)
+        if i in cut:
             with pytest.raises(TruncatedVisionTokensError, match=rf"training row {lazy.rows[i]}: cutoff_len=128"):
                 lazy[i]
         else:
             assert lazy[i]["input_ids"] == eager[i]["input_ids"]
     assert 0 < len(cut) < len(eager)
+
+
+def test_rows_cutoff_len_would_cut_are_found_before_training(lf, tmp_path, tiny_model, demo_data,
+                                                            monkeypatch):
+    from odb_factory.llamafactory import cutoff_preflight
+    from odb_factory.llamafactory.lazy_dataset import TruncatedVisionTokensError
+    lazy, eager, cut = _rows_losing_image_tokens(lf, tmp_path, tiny_model, demo_data, monkeypatch)
+    report = cutoff_preflight.find_cut_rows(lazy)
+    assert len(report.cut) == len(cut) and report.candidates < len(lazy), report.candidates
+    with pytest.raises(TruncatedVisionTokensError) as info:
+        _datasets(lf, base_yaml(tiny_model, demo_data, tmp_path / "c", odb_enable=True, cutoff_len=128))
+    text = str(info.value)
+    assert text.startswith(f"{len(cut)} training row(s) would lose image/video tokens to cutoff_len=128 "
+                           "(found before training; "), text
+    assert f"  training row {lazy.rows[cut[0]]}: cutoff_len=128 cuts into its image tokens" in text, text
+    # the bound never misses a row the pipeline cuts: every cut row was a candidate
+    bounds = cutoff_preflight.vision_token_bounds(lazy.processor.processor, lazy.processor.data_args)
+    columns = lazy.converted.to_dict()
+    upper = cutoff_preflight.token_upper_bounds(columns, bounds)
+    full_lengths = [len(s["input_ids"]) for s in
+                    _datasets(lf, base_yaml(tiny_model, demo_data, tmp_path / "d", odb_enable=True,
+                                            cutoff_len=100000))[1]]
+    assert all(upper[lazy.rows[i]] >= full_lengths[i] for i in range(len(lazy))), "a bound below the real length"
 
 
 @pytest.mark.skipif(not lf_runs.SHARED_DEMO.exists(), reason="shared LLaMA-Factory demo data is absent")
@@ -139,6 +172,11 @@ def test_vision_stage_on_a_text_model_is_refused_at_parse_time(lf, tmp_path, tin
     model = build_tiny_qwen3(tmp_path / "tiny_qwen3", seed=0)
     config = base_yaml(model, demo_data, tmp_path / "out", odb_enable=True, odb_balance=True,
                        odb_balance_stages=["llm", "vision"])
+    import transformers
+    if transformers.__version__.startswith("4."):  # refused for the version first
+        with pytest.raises(ValueError, match=r"odb_balance_stages: \[vision\] runs inside Qwen3-VL's forward"):
+            lf[0](config)
+        return
     with pytest.raises(ValueError, match=r"^odb_balance_stages: \[vision\] supports Qwen3-VL models; "
                                          r"this model is 'qwen3'\. Use odb_balance_stages: \[llm\]$"):
         lf[0](config)
@@ -190,5 +228,9 @@ def test_unsupported_versions_are_named(monkeypatch):
     monkeypatch.setattr(llamafactory, "__version__", "0.9.4")
     assert "llamafactory 0.9.4 is installed" in odb_factory_patches.unsupported_reason()
     monkeypatch.setattr(llamafactory, "__version__", "0.9.5")
-    monkeypatch.setattr(transformers, "__version__", "4.57.1")
-    assert "transformers 4.57.1 is installed" in odb_factory_patches.unsupported_reason()
+    for supported in ("4.57.1", "4.57.6", "5.6.0"):
+        monkeypatch.setattr(transformers, "__version__", supported)
+        assert odb_factory_patches.unsupported_reason() is None
+    for unsupported in ("4.56.2", "4.57.0", "4.58.0", "5.7.0"):
+        monkeypatch.setattr(transformers, "__version__", unsupported)
+        assert f"transformers {unsupported} is installed" in odb_factory_patches.unsupported_reason()

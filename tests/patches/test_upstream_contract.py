@@ -77,6 +77,18 @@ def test_the_checker_reports_each_kind_of_violation(fake_module):
     assert uc.check(holds, deep=True) == []
 
 
+def test_an_entry_is_checked_only_on_the_versions_it_names(fake_module):
+    import torch
+    installed = torch.__version__.split("+")[0]
+    inside = _entry("gone", params=("a",), versions=(installed, installed))
+    outside = _entry("gone", params=("a",), versions=("0.0.1", "0.0.9"))
+    assert [v.split(": ", 1)[1] for v in uc.check([inside, outside])] == [
+        "odb_contract_fake.gone is missing (AttributeError: module 'odb_contract_fake' has no attribute "
+        "'gone') [tests/patches/test_upstream_contract.py: a fake entry]"]
+    # the docs table names each entry's versions
+    assert "| 5.0.0–5.6.0 |" in uc.markdown_table() and "| 4.57.1–4.57.6 |" in uc.markdown_table()
+
+
 def test_a_private_torch_symbol_going_missing_is_named(monkeypatch):
     import torch
     from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter

@@ -1,0 +1,147 @@
+"""Pre-flight check for rows whose image or video tokens `cutoff_len` would cut.
+
+A model cannot train on part of an image: such a row fails when the lazy pipeline reaches it
+(`LazySupervisedDataset._check_vision_tokens`), possibly late in the epoch. Before the first
+step this pass finds them without running the pipeline on every row: an upper bound of each
+row's tokens comes from its text's UTF-8 bytes (a byte-level or byte-fallback tokenizer never
+makes more tokens than bytes), a per-turn allowance for the template, and a per-image and
+per-video bound from the processor's patch and merge sizes at the run's pixel limits. Only
+rows whose bound reaches `cutoff_len` can be cut; those few are run through the real
+pipeline, which says exactly whether their vision tokens survive.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, List, NamedTuple, Optional, Sequence
+
+from .lazy_dataset import TruncatedVisionTokensError
+
+LISTED = 5                 # rows named in the error; the rest are counted
+TEMPLATE_PER_MESSAGE = 16  # role markers and separators of one turn, in tokens (generous)
+TEMPLATE_PER_ROW = 64      # BOS/EOS, generation prompt, thinking markers
+MARKERS_PER_ITEM = 2       # vision start/end around each image or video frame group
+VIDEO_TEXT_PER_FRAME = 8   # Qwen3-VL writes a timestamp before each frame group
+
+
+class VisionTokenBounds(NamedTuple):
+    per_image: int
+    per_video: int
+
+
+def _pixels_to_tokens(pixels: float, side: int) -> int:
+    """Tokens of an image of at most `pixels` pixels, cut into side x side tiles per token;
+    one extra row and column of tiles covers the rounding of both sides."""
+    return math.ceil(pixels / side ** 2) + 2 * math.ceil(math.sqrt(pixels) / side) + 1
+
+
+def vision_token_bounds(processor: Any, data_args: Any) -> Optional[VisionTokenBounds]:
+    """Upper bounds of one image's and one video's tokens, or None when the processor does not
+    say how it tiles images (then the lazy check names cut rows when they are trained)."""
+    image_processor = getattr(processor, "image_processor", None)
+    patch = getattr(image_processor, "patch_size", None)
+    merge = getattr(image_processor, "merge_size", None)
+    if not (isinstance(patch, int) and isinstance(merge, int)):
+        return None
+    size = getattr(image_processor, "size", None) or {}
+    processor_min = (getattr(image_processor, "min_pixels", None)
+                     or (size.get("shortest_edge") if isinstance(size, dict) else None) or 0)
+    side = patch * merge
+    image_pixels = max(getattr(data_args, "image_max_pixels", 0) or 0,
+                       getattr(data_args, "image_min_pixels", 0) or 0, processor_min)
+    video_pixels = max(getattr(data_args, "video_max_pixels", 0) or 0,
+                       getattr(data_args, "video_min_pixels", 0) or 0, processor_min)
+    frames = getattr(data_args, "video_maxlen", 128) or 128
+    per_image = _pixels_to_tokens(image_pixels, side) + MARKERS_PER_ITEM
+    per_video = frames * (_pixels_to_tokens(video_pixels, side) + MARKERS_PER_ITEM + VIDEO_TEXT_PER_FRAME)
+    return VisionTokenBounds(per_image, per_video)
+
+
+def _text_bytes(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value.encode("utf-8"))
+    if isinstance(value, dict):
+        return sum(_text_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_text_bytes(v) for v in value)
+    return 0
+
+
+def _count(item: Any) -> int:
+    return len(item) if isinstance(item, (list, tuple)) else int(bool(item))
+
+
+def token_upper_bounds(columns: dict, bounds: VisionTokenBounds, default_system: str = "") -> List[int]:
+    """Per row of the converted columns (`_prompt`, `_response`, `_system`, `_tools`,
+    `_images`, `_videos`): a number of tokens the pipeline cannot exceed."""
+    n = len(columns["_prompt"])
+    empty = [None] * n
+    system_default = len(default_system.encode("utf-8"))
+    out = []
+    for prompt, response, system, tools, images, videos in zip(
+            columns["_prompt"], columns["_response"], columns.get("_system", empty),
+            columns.get("_tools", empty), columns.get("_images", empty), columns.get("_videos", empty)):
+        messages = len(prompt or []) + len(response or []) + 1
+        out.append(_text_bytes(prompt) + _text_bytes(response)
+                   + (_text_bytes(system) if system else system_default) + _text_bytes(tools)
+                   + TEMPLATE_PER_MESSAGE * messages + TEMPLATE_PER_ROW
+                   + _count(images) * bounds.per_image + _count(videos) * bounds.per_video)
+    return out
+
+
+class CutoffReport(NamedTuple):
+    candidates: int                 # rows whose bound reaches cutoff_len (run exactly)
+    cut: List[str]                  # the pipeline's message for each row that is cut
+
+
+def find_cut_rows(lazy: Any, threads: Optional[int] = None) -> Optional[CutoffReport]:
+    """Run the bound over every training row of a LazySupervisedDataset and the real pipeline
+    over the rows that could be cut. None when the processor gives no token bound."""
+    dataset_processor = lazy.processor
+    data_args = dataset_processor.data_args
+    bounds = vision_token_bounds(dataset_processor.processor, data_args)
+    if bounds is None:
+        return None
+    wanted = [c for c in ("_prompt", "_response", "_system", "_tools", "_images", "_videos")
+              if c in lazy.converted.column_names]
+    converted = lazy.converted
+    if hasattr(converted, "select_columns"):  # one arrow pass instead of a slice per row
+        columns = converted.select_columns(wanted).to_dict()
+    else:
+        columns = {c: list(converted[c]) for c in wanted}
+    template = getattr(dataset_processor, "template", None)
+    upper = token_upper_bounds(columns, bounds, getattr(template, "default_system", "") or "")
+    images, videos = columns.get("_images"), columns.get("_videos")
+    candidates = [i for i, row in enumerate(lazy.rows)
+                  if upper[row] >= data_args.cutoff_len
+                  and ((images and images[row]) or (videos and videos[row]))]
+
+    def verdict(index: int) -> Optional[str]:
+        try:
+            lazy[index]
+        except TruncatedVisionTokensError as exc:
+            return str(exc)
+        return None
+
+    with ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as pool:
+        cut = [v for v in pool.map(verdict, candidates) if v is not None]
+    return CutoffReport(len(candidates), cut)
+
+
+def check_cutoff(lazy: Any) -> Optional[CutoffReport]:
+    """Raise TruncatedVisionTokensError naming the first rows cut and how many in all."""
+    report = find_cut_rows(lazy)
+    if report is None or not report.cut:
+        return report
+    cutoff = lazy.processor.data_args.cutoff_len
+    lines = [f"  {message.split('. Raise')[0]}" for message in report.cut[:LISTED]]
+    if len(report.cut) > LISTED:
+        lines.append(f"  ... and {len(report.cut) - LISTED} more")
+    raise TruncatedVisionTokensError(
+        f"{len(report.cut)} training row(s) would lose image/video tokens to cutoff_len={cutoff} "
+        f"(found before training; {report.candidates} of {len(lazy)} rows could reach it and were "
+        "run through the pipeline):\n" + "\n".join(lines)
+        + "\nRaise cutoff_len, lower image_max_pixels/video_max_pixels, or remove the rows; the run "
+        "would otherwise fail when it reached them.")
