@@ -14,20 +14,28 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence, Tuple
+from typing import Iterable, Tuple
 
 import numpy as np
 
-from .solvers import bisect
+# The counting rule (vision tokens, CV, f_s) lives in the package, so that
+# `python -m odb_factory.data prepare` reports a user's data by the same rule; re-exported here.
+from odb_factory.token_lengths import (  # noqa: F401
+    CUTOFF_LEN,
+    FACTOR,
+    IMAGE_MAX_PIXELS,
+    MERGE,
+    PATCH,
+    PROC_MAX_PIXELS,
+    PROC_MIN_PIXELS,
+    SHORT_TOKENS,
+    image_grid,
+    image_patches,
+    length_cv,
+    short_fraction,
+)
 
-CUTOFF_LEN = 16384             # LLaMA-Factory cutoff_len of the paper's recipe
-IMAGE_MAX_PIXELS = 589824      # LLaMA-Factory image_max_pixels (768 x 768)
-PATCH = 16                     # Qwen3-VL vision patch size (pixels)
-MERGE = 2                      # spatial merge: MERGE**2 patches -> one LLM token
-FACTOR = PATCH * MERGE         # resized sides are multiples of 32 pixels
-PROC_MIN_PIXELS = 65536        # Qwen3-VL image processor shortest_edge (min pixels)
-PROC_MAX_PIXELS = 16777216     # Qwen3-VL image processor longest_edge (max pixels)
-SHORT_TOKENS = 512             # f_s threshold: >= 24 such samples fit one 12,288-token budget
+from .solvers import bisect
 
 
 @dataclass(frozen=True)
@@ -66,46 +74,7 @@ class Profile:
                 "token_budget": self.token_budget, **{f"target_{k}": v for k, v in self.targets.items()}}
 
 
-def length_cv(tokens: Sequence[float]) -> float:
-    """Coefficient of variation std/mean (population std) of the LLM token counts."""
-    t = np.asarray(tokens, dtype=np.float64)
-    return float(t.std() / t.mean())
-
-
-def short_fraction(tokens: Sequence[float], threshold: int = SHORT_TOKENS) -> float:
-    """f_s: fraction of samples with at most `threshold` LLM tokens."""
-    return float(np.mean(np.asarray(tokens) <= threshold))
-
-
 # ----------------------------------------------------------------------------- vision tokens
-def image_grid(width: int, height: int, max_pixels: int = IMAGE_MAX_PIXELS) -> Tuple[int, int]:
-    """(patch rows, patch cols) of one image as LLaMA-Factory + the Qwen3-VL processor see it.
-
-    LLaMA-Factory first shrinks images above `image_max_pixels` (keeping the aspect ratio,
-    truncating to whole pixels); the processor then rounds both sides to multiples of 32 px
-    inside [PROC_MIN_PIXELS, PROC_MAX_PIXELS]. Patches = rows * cols, LLM tokens = patches / 4.
-    """
-    if width * height > max_pixels:
-        f = math.sqrt(max_pixels / (width * height))
-        width, height = int(width * f), int(height * f)
-    h = max(FACTOR, round(height / FACTOR) * FACTOR)
-    w = max(FACTOR, round(width / FACTOR) * FACTOR)
-    if h * w > PROC_MAX_PIXELS:
-        beta = math.sqrt(height * width / PROC_MAX_PIXELS)
-        h = max(FACTOR, math.floor(height / beta / FACTOR) * FACTOR)
-        w = max(FACTOR, math.floor(width / beta / FACTOR) * FACTOR)
-    elif h * w < PROC_MIN_PIXELS:
-        beta = math.sqrt(PROC_MIN_PIXELS / (height * width))
-        h = math.ceil(height * beta / FACTOR) * FACTOR
-        w = math.ceil(width * beta / FACTOR) * FACTOR
-    return h // PATCH, w // PATCH
-
-
-def image_patches(width: int, height: int, max_pixels: int = IMAGE_MAX_PIXELS) -> int:
-    rows, cols = image_grid(width, height, max_pixels)
-    return rows * cols
-
-
 def _patches_for(sizes: np.ndarray) -> np.ndarray:
     """Vectorised `image_patches` over an (n, 2) array of (width, height), via a lookup cache."""
     out = np.empty(len(sizes), dtype=np.int64)

@@ -252,3 +252,43 @@ def test_packing_with_odb_is_refused_with_the_reason(lf, workspace, monkeypatch)
     args["packing"] = True
     with pytest.raises(ValueError, match="packing/neat_packing: ODB forms token-budgeted groups itself"):
         lf.get_train_args(args)
+
+
+# ------------------------------------------------------------------ (d) outside a checkout
+def test_a_written_recipe_runs_from_anywhere(lf, tmp_path, monkeypatch, fresh_odb_state):
+    """`python -m odb_factory.recipes write` (what an installed package offers): the recipe
+    and the files it names land in one folder, and LLaMA-Factory parses it from elsewhere."""
+    import subprocess
+
+    from llamafactory.data.parser import get_dataset_list
+    out = tmp_path / "my_run"
+    done = subprocess.run([sys.executable, "-m", "odb_factory.recipes", "write", "qwen3vl_8b_odb_balance",
+                           "--out", str(out)], capture_output=True, text=True, check=True)
+    assert f"wrote {out / 'qwen3vl_8b_odb_balance.yaml'}" in done.stdout
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    raw = OmegaConf.to_container(OmegaConf.load(out / "qwen3vl_8b_odb_balance.yaml"))
+    assert raw["deepspeed"] == str(out / "deepspeed" / "ds_z2.json") and Path(raw["deepspeed"]).is_file()
+    args, _ = cpu_parse_view(raw)
+    _, data_args, _, _, _ = lf.get_train_args(args)
+    assert data_args.dataset_dir == str(out / "data")
+    assert len(get_dataset_list(data_args.dataset, data_args.dataset_dir)) == 1
+    assert fresh_odb_state.current.value_of("odb_balance") is True
+    bad = subprocess.run([sys.executable, "-m", "odb_factory.recipes", "write", "qwen3vl_8b_odbb"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "no recipe named 'qwen3vl_8b_odbb'; choose one of: " in bad.stderr
+
+
+def test_a_built_package_ships_the_recipes(tmp_path):
+    """setup.py copies the flat recipes and the files they name into the package."""
+    import subprocess
+    subprocess.run([sys.executable, "setup.py", "-q", "build", "--build-base", str(tmp_path)],
+                   cwd=REPO, capture_output=True, text=True, check=True)
+    shipped = tmp_path / "lib" / "odb_factory" / "recipes_data"
+    code = ("import sys; from pathlib import Path; from odb_factory import recipes; "
+            f"print(recipes.names(Path({str(shipped)!r})))")
+    listed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert eval(listed.stdout) == sorted(n[:-len(".yaml")] for n in compose.RECIPES)
+    assert (shipped / "parts" / "deepspeed" / "ds_z3.json").is_file()
+    assert (shipped / "data" / "dataset_info.json").is_file()
