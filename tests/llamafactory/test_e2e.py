@@ -34,7 +34,7 @@ def test_one_process_two_epochs_schedule_coverage_and_eval(tmp_path, tiny_model,
     out, rows = _odb_run(tmp_path, tiny_model, demo_data, "single", num_train_epochs=2,
                          gradient_accumulation_steps=2, warmup_ratio=0.1, val_size=0.25,
                          eval_strategy="steps", eval_steps=4, per_device_eval_batch_size=4,
-                         report_to="tensorboard")
+                         report_to="tensorboard", save_strategy="steps", save_steps=1)
     train_split = NUM_SAMPLES - NUM_SAMPLES // 4
     for epoch in (0, 1):
         assert trained_indices([r for r in rows if r["epoch"] == epoch]) == list(range(train_split))
@@ -56,6 +56,28 @@ def test_one_process_two_epochs_schedule_coverage_and_eval(tmp_path, tiny_model,
     for run_dir in {p.parent for p in out.rglob("events.out.tfevents.*")}:
         tags |= set(EventAccumulator(str(run_dir)).Reload().Tags()["scalars"])
     assert {"train/odb/padding_efficiency", "train/odb/data_wait_s"} <= tags, sorted(tags)
+    _resume_in_the_second_epoch(tmp_path, tiny_model, demo_data, out, rows)
+
+
+def _resume_in_the_second_epoch(tmp_path, tiny_model, demo_data, out, rows):
+    """Resuming mid-way through epoch 2 trains the rest of epoch 2, each sample once, and stops.
+    HF starts its epoch loop at global_step // (its per-epoch step bound), an earlier epoch
+    than the loader's: the loader must not restart that epoch."""
+    second = [r for r in rows if r["epoch"] == 1]
+    step = second[len(second) // 2 - 1]["step"]
+    checkpoint = out / f"checkpoint-{step}"
+    saved = json.loads((checkpoint / "odb_state_rank0.json").read_text())
+    assert saved["loader"]["epoch"] == 1 and 0 < saved["epoch_consumed"] < NUM_SAMPLES
+    audit = tmp_path / "resumed_audit"
+    config = base_yaml(tiny_model, demo_data, tmp_path / "resumed", odb_audit_dir=str(audit),
+                       resume_from_checkpoint=str(checkpoint), num_train_epochs=2,
+                       gradient_accumulation_steps=2, warmup_ratio=0.1, val_size=0.25, **ODB)
+    train(config)
+    resumed = ledger(audit)
+    assert resumed and {r["epoch"] for r in resumed} == {1}
+    assert resumed[0]["step"] == step + 1
+    before = [r for r in second if r["step"] <= step]
+    assert trained_indices(before + resumed) == list(range(NUM_SAMPLES - NUM_SAMPLES // 4))
 
 
 @pytest.mark.parametrize("join", [True, False])
