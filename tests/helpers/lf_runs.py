@@ -70,3 +70,11 @@ def trained_indices(rows: List[dict]) -> List[int]:
 
 def log_history(out_dir: Path) -> List[dict]:
     return json.loads((Path(out_dir) / "trainer_state.json").read_text())["log_history"]
+
+
+def balance_stages() -> List[str]:
+    """Both balancing stages where the installed transformers has the vision stage, else the
+    LLM stage alone (elsewhere the vision stage is refused at parse time: test_version_matrix)."""
+    import transformers
+    from odb_factory_patches.transformers_qwen3_vl import TRANSFORMERS_VERSIONS
+    return ["llm", "vision"] if transformers.__version__ in TRANSFORMERS_VERSIONS else ["llm"]

@@ -212,7 +212,7 @@ def test_real_llamafactory_demo_data(tmp_path, tiny_model):
     assert trained_indices(rows) == list(range(min(60, mllm) + 60))
 
 
-@pytest.mark.parametrize("deepspeed,stages", [(False, ["llm", "vision"]), (True, ["llm"])])
+@pytest.mark.parametrize("deepspeed,stages", [(False, lf_runs.balance_stages()), (True, ["llm"])])
 def test_balancing_keeps_coverage_and_loss(tmp_path, trained_start, demo_data, deepspeed, stages):
     """Post-balancing only moves samples (LLM stage) and images (vision stage) between
     ranks within a step: the same samples per optimizer step, the same loss curve, every

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.lf_runs import base_yaml, ledger, log_history, train
+from tests.helpers.lf_runs import balance_stages, base_yaml, ledger, log_history, train
 
 pytest.importorskip("llamafactory")
 
@@ -65,7 +65,7 @@ def test_samples_mode_trains_the_standard_model_ddp_images(tmp_path, tiny_model,
     """Images under DDP, with both balancing stages on: samples move between ranks for the
     LLM stage, images for the vision encoder, and the model is still Standard's."""
     standard, odb, rows = _pair(tmp_path, tiny_model, demo_data, "ddp", freeze_vision_tower=False,
-                                odb_extra={"odb_balance": True, "odb_balance_stages": ["llm", "vision"]})
+                                odb_extra={"odb_balance": True, "odb_balance_stages": balance_stages()})
     _assert_same_training(standard, odb, rows)
     assert any("odb/balance_max_over_lb" in h for h in odb), "post-balancing ran"
 

@@ -112,12 +112,12 @@ def test_apply_refuses_a_broken_contract_like_an_unsupported_version(monkeypatch
     monkeypatch.setattr(llamafactory_hparams_parser, "apply", lambda unsupported=None: calls.update(guard=unsupported))
     monkeypatch.setattr(llamafactory_data_loader, "apply", lambda: calls.update(data=True))
     monkeypatch.setattr(llamafactory_sft_workflow, "apply", lambda: calls.update(sft=True))
-    monkeypatch.delattr(Trainer, "_init_training_state")
+    monkeypatch.delattr(Trainer, "get_batch_samples")
     with caplog.at_level(logging.WARNING, logger="odb_factory"):
         odb_factory_patches.apply()
     assert set(calls) == {"guard"}, calls
-    assert "Trainer._init_training_state is missing" in calls["guard"]
-    assert "odb-factory patches not applied" in caplog.text and "_init_training_state" in caplog.text
+    assert "Trainer.get_batch_samples is missing" in calls["guard"]
+    assert "odb-factory patches not applied" in caplog.text and "get_batch_samples" in caplog.text
 
 
 @pytest.mark.parametrize("version,installed", [("2.14.1", True), ("2.15.0", False)])
