@@ -29,48 +29,19 @@ from __future__ import annotations
 
 import bisect
 import random
-from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
 from odb_factory import ODBConfig, SampleCost
-from odb_factory.planning.simulated_world import simulate_epoch
+from odb_factory.planning.grouping import Budget
 from odb_factory.planning.views import epoch_view
+# Schedule and ODB's two schedule builders live in the package (`python -m odb_factory.plan`
+# builds the same schedules); re-exported here.
+from odb_factory.simulation.schedules import Schedule, costs_of, groups_schedule, samples_schedule  # noqa: F401
+from odb_factory.simulation.schedules import index_array as _arr
 
 from .workloads import Profile
-
-
-@dataclass
-class Schedule:
-    method: str
-    world: int
-    steps: List[List[np.ndarray]]     # steps[micro][rank] -> sample indices (empty = IDLE)
-    accumulation: int = 1             # micro-steps per optimizer step
-    cost_mode: str = "padded"         # "padded" (n * max_len) or "packed" (sum len, varlen)
-    expected_samples: Optional[int] = None   # non-join quota: count, not identity
-    step_ends: Optional[List[int]] = None     # micro-steps that end an optimizer step, when
-                                              # their number varies (ODB samples mode)
-    note: str = ""
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def micro_steps(self) -> int:
-        return len(self.steps)
-
-    @property
-    def optimizer_steps(self) -> int:
-        if self.step_ends is not None:
-            return len(self.step_ends)
-        return -(-len(self.steps) // self.accumulation)
-
-    def indices(self) -> np.ndarray:
-        parts = [b for step in self.steps for b in step if len(b)]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-
-def _arr(values) -> np.ndarray:
-    return np.asarray(values, dtype=np.int64)
 
 
 def deal(batches: Sequence[Sequence[int]], world: int) -> List[List[np.ndarray]]:
@@ -274,44 +245,18 @@ def peer(p: Profile, world: int, budget: int, buffer_size: int = 256, seed: int 
 
 
 # ----------------------------------------------------------------------------- ODB
-def costs_of(p: Profile) -> List[SampleCost]:
-    return [SampleCost(int(t), int(l), int(v))
-            for t, l, v in zip(p.tokens.tolist(), p.label_tokens.tolist(), p.patches.tolist())]
-
-
 def odb(p: Profile, world: int, budget: int, join: bool = True, buffer_size: int = 256,
         seed: int = 0, costs: Optional[List[SampleCost]] = None) -> Schedule:
     """odb_factory's planner for a whole world (`simulate_epoch`, the loader's own code)."""
     cfg = ODBConfig(token_budget=budget, join=join, buffer_size=buffer_size, seed=seed)
-    sim = simulate_epoch(costs or costs_of(p), cfg, world)
-    steps = [[_arr([s.index for s in sim.slots[r][i].samples]) for r in range(world)]
-             for i in range(sim.steps)]
-    return Schedule("odb" if join else "odb_nonjoin", world, steps,
-                    expected_samples=None if join else len(p),
-                    note=f"L_max={budget}, B={buffer_size}, {'join' if join else 'non-join'}",
-                    extra={"sim": sim})
+    return groups_schedule(costs or costs_of(p), cfg, world, "odb" if join else "odb_nonjoin")
 
 
 def odb_samples(standard_schedule: Schedule, p: Profile, budget: int) -> Schedule:
     """ODB `step_mode="samples"` on a Standard schedule: the same optimizer steps with the same
     samples; each rank packs its share of a step with odb_factory's own `pack_step` and the
     ranks align their micro-batch counts with `align_step` (the planner thread's functions)."""
-    from odb_factory.planning.grouping import Budget, PlannedSample
-    from odb_factory.planning.optimizer_steps import align_step, pack_step
-    s, limit = standard_schedule, Budget.from_config(ODBConfig(token_budget=budget))
-    costs, steps, ends = costs_of(p), [], []
-    for start in range(0, len(s.steps), s.accumulation):
-        window = s.steps[start:start + s.accumulation]
-        shares = [[PlannedSample(int(i), int(i), costs[int(i)]) for micro in window for i in micro[r]]
-                  for r in range(s.world)]
-        groups = [pack_step(share, limit, "singleton") for share in shares]
-        counts = [len(g) for g in groups]
-        aligned = [align_step(g, counts, limit) for g in groups]
-        steps += [[_arr([x.index for x in aligned[r][m]]) for r in range(s.world)]
-                  for m in range(max(counts))]
-        ends.append(len(steps) - 1)
-    return Schedule("odb_samples", s.world, steps, s.accumulation, step_ends=ends,
-                    note=f"{s.note}, packed to L_max={budget}", extra={"standard": s.method})
+    return samples_schedule(standard_schedule, costs_of(p), Budget.from_config(ODBConfig(token_budget=budget)))
 
 
 def post_balance(s: Schedule, p: Profile, token_cost: Callable, cap_tokens: int,

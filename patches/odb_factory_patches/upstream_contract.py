@@ -337,6 +337,12 @@ CONTRACT: tuple = (
           "patches/odb_factory_patches/llamafactory_data_loader.py",
           "builds the SupervisedDatasetProcessor the lazy dataset runs per sample",
           params=("data_args", "stage", "template", "tokenizer", "processor", "do_generate")),
+    Entry("llamafactory", "llamafactory.data.loader:_get_merged_dataset", "odb_factory/plan/pipeline.py",
+          "the dry run loads and merges the recipe's data sets as get_dataset does, without preprocessing",
+          params=("dataset_names", "model_args", "data_args", "training_args", "stage", "return_dict")),
+    Entry("llamafactory", "llamafactory.data.data_utils:split_dataset", "odb_factory/plan/pipeline.py",
+          "the dry run splits off val_size as get_dataset does",
+          params=("dataset", "eval_dataset", "data_args", "seed")),
     Entry("llamafactory", "llamafactory.train.sft.workflow:run_sft",
           "patches/odb_factory_patches/llamafactory_sft_workflow.py",
           "builds its trainer, and counts effective tokens, through the module-level names "

@@ -1,0 +1,114 @@
+"""Read a training recipe the way `llamafactory-cli train` does: the YAML merged with
+OmegaConf `key=value` overrides, parsed by LLaMA-Factory's own `get_train_args` with the
+odb-factory patches applied (so the `odb_*` keys are typed and checked exactly as in a run)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..config import ODBConfig
+
+# Settings that only say how a run uses its devices. A dry run starts no process group and
+# touches no accelerator, and LLaMA-Factory's parser refuses these outside a launched run on
+# GPUs (DeepSpeed without torchrun, pure_bf16 without a bf16 GPU), so they are set aside for
+# the parse and named in the output.
+DEVICE_ONLY_KEYS = {"deepspeed": None, "pure_bf16": False}
+
+# LLaMA-Factory's SFT collator pads every batch to a multiple of 8 when training
+# (llamafactory.train.sft.workflow), and ODB's budget counts the same padding.
+TRAIN_PAD_MULTIPLE = 8
+
+
+class RecipeError(ValueError):
+    """A recipe, override or key the dry run cannot use; the message names it."""
+
+
+@dataclass
+class Recipe:
+    path: Path
+    raw: Dict[str, Any]            # the YAML merged with the overrides
+    model_args: Any
+    data_args: Any
+    training_args: Any
+    finetuning_args: Any
+    odb: Any                       # ODBRunOptions of the recipe (defaults when it has no odb_* key)
+    odb_enabled: bool              # the recipe itself turns ODB on
+    batch_size: int                # per_device_train_batch_size
+    accumulation: int              # the recipe's gradient_accumulation_steps
+    set_aside: List[str]           # device-only keys not applied to the dry run
+
+    def planning_config(self, step_mode: Optional[str] = None) -> ODBConfig:
+        """The engine configuration the run's loader would get (the fields LLaMA-Factory owns
+        filled in as the trainer fills them); the model-dependent vision fields are added by
+        the pipeline once the model config is read."""
+        args = self.training_args
+        return dataclasses.replace(
+            self.odb.config,
+            step_mode=step_mode or self.odb.config.step_mode,
+            seed=args.data_seed if args.data_seed is not None else args.seed,
+            gradient_accumulation_steps=self.accumulation,
+            standard_batch_size=self.batch_size,
+            pad_epoch_to_accumulation=True,
+            pad_to_multiple_of=TRAIN_PAD_MULTIPLE if args.do_train else 1)
+
+
+def merged_yaml(path: Path, overrides: Sequence[str]) -> Dict[str, Any]:
+    """The recipe with `key=value` overrides applied, as LLaMA-Factory's CLI merges them."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+    if not path.is_file():
+        raise FileNotFoundError(f"recipe {path} does not exist")
+    if path.suffix not in (".yaml", ".yml", ".json"):
+        raise RecipeError(f"recipe {path}: expected a .yaml, .yml or .json file")
+    for item in overrides:
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            raise RecipeError(f"override {item!r} is not key=value")
+    try:
+        base = OmegaConf.load(path)
+        merged = OmegaConf.merge(base, OmegaConf.from_cli(list(overrides)))
+        raw = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise RecipeError(f"recipe {path}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise RecipeError(f"recipe {path} is not a mapping of keys to values")
+    return raw
+
+
+def parse(path: Path, overrides: Sequence[str] = ()) -> Recipe:
+    """Parse `path` with LLaMA-Factory's parser and the odb-factory patches."""
+    raw = merged_yaml(path, overrides)
+    from ..llamafactory import arguments, state
+    stage = raw.get("stage", "sft")
+    if stage != "sft":
+        raise RecipeError(f"stage: {stage}: the dry run plans supervised fine-tuning (stage: sft)")
+    # The odb_* keys and the paths are checked again by the parser; here they fail in a
+    # fraction of a second, before LLaMA-Factory's slow import.
+    try:
+        arguments.parse_odb_arguments(arguments.split_odb_keys(raw)[1])
+    except ValueError as exc:
+        raise RecipeError(f"recipe {path}: {exc}") from exc
+    arguments.check_paths(raw)
+    import odb_factory_patches
+    from llamafactory.hparams import get_train_args
+    odb_factory_patches.apply()
+    set_aside = sorted(k for k, v in DEVICE_ONLY_KEYS.items() if raw.get(k) not in (None, v))
+    parse_args = {k: v for k, v in raw.items() if k not in DEVICE_ONLY_KEYS}
+    parse_args["use_cpu"] = True  # LLaMA-Factory refuses one process over several GPUs
+    state.current = None
+    try:
+        model_args, data_args, training_args, finetuning_args, _ = get_train_args(parse_args)
+    except ValueError as exc:
+        raise RecipeError(f"recipe {path}: {exc}") from exc
+    parsed = state.current
+    odb = parsed if parsed is not None else arguments.parse_odb_arguments({})
+    enabled = parsed is not None and parsed.adapter.enable
+    # The parser hands a samples-mode run's accumulation to ODB (HF accumulates over 1).
+    handed = enabled and odb.config.step_mode == "samples"
+    accumulation = odb.config.gradient_accumulation_steps if handed else training_args.gradient_accumulation_steps
+    if data_args.streaming:
+        raise RecipeError("streaming: the dry run needs a map-style dataset, as ODB does; set streaming: false")
+    return Recipe(Path(path), raw, model_args, data_args, training_args, finetuning_args, odb, enabled,
+                  training_args.per_device_train_batch_size, accumulation, set_aside)
