@@ -33,13 +33,13 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 GATES = ("odb", "cpu_resume", "vision")
-PACKAGES = ("torch", "transformers", "llamafactory")
+PACKAGES = ("torch", "accelerate", "transformers", "llamafactory")
 _NO_VALUE = object()
 
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    package: str                  # import name of the distribution: torch, transformers, llamafactory
+    package: str                  # import name: torch, accelerate, transformers, llamafactory
     target: str                   # "module:qualified.name"
     used_by: str                  # the project file that relies on it
     why: str                      # one line
@@ -275,6 +275,18 @@ CONTRACT: tuple = (
           "overridden to learn the checkpoint a run resumes from (on_train_begin restores ODB's data "
           "position from it)", params=("self", "resume_from_checkpoint", "trial", "ignore_keys_for_eval",
                                        "**kwargs"), versions=_TF457),
+    Entry("transformers", "transformers.trainer:Trainer._get_train_sampler", _TRAINER,
+          "samples mode: the fixed-batch run's sampler, whose order ODB's optimizer steps reproduce",
+          params=("self", "train_dataset")),
+    Entry("transformers", "transformers.trainer:Trainer.train", _TRAINER,
+          "sets _train_batch_size (the fixed-batch run's per-device batch) before the loop builds "
+          "the loader", uses=("_train_batch_size",)),
+    Entry("accelerate", "accelerate.accelerator:Accelerator.prepare_data_loader", _TRAINER,
+          "registers the loader in _dataloaders; the samples-mode planning aid is taken out again",
+          uses=("_dataloaders",)),
+    Entry("accelerate", "accelerate.state:GradientState._set_sync_gradients", _TRAINER,
+          "samples mode: gradients synchronise (and DeepSpeed steps) on an optimizer step's last "
+          "micro-batch only", params=("self", "sync_gradients")),
     Entry("transformers", "transformers.trainer:Trainer.get_batch_samples", _TRAINER,
           "counts the label tokens of an accumulation window (num_items_in_batch) the exact loss divides by",
           params=("self", "epoch_iterator", "num_batches", "device"), uses=("_get_num_items_in_batch",)),
