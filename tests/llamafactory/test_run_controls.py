@@ -58,3 +58,21 @@ def test_effective_tokens_per_second_counts_the_trained_tokens_without_a_second_
     tokens = sum(row["input_tokens"] for row in ledger(audit))   # both ranks' ledgers
     expected = tokens / metrics["train_runtime"] / 2
     assert metrics["effective_tokens_per_sec"] == pytest.approx(expected, rel=1e-3)
+
+
+@pytest.mark.slow
+def test_tokens_seen_counts_every_micro_batch_of_a_samples_mode_step(tmp_path, tiny_model, demo_data):
+    """`include_num_input_tokens_seen` (LLaMA-Board turns it on): each optimizer step of
+    `odb_step: samples` reaches HF's loop as one item holding its micro-batches; transformers
+    5.x counts through the trainer's hook, 4.57 reads the item's inputs directly."""
+    from tests.helpers.lf_runs import ledger, train
+    out, audit = tmp_path / "out", tmp_path / "audit"
+    config = base_yaml(tiny_model, demo_data, out, odb_enable=True, odb_step="samples", max_samples=48,
+                       per_device_train_batch_size=1, gradient_accumulation_steps=4,
+                       odb_token_budget=1024, odb_audit_dir=str(audit),
+                       include_num_input_tokens_seen="non_padding")
+    train(config, nproc=2)
+    rows = ledger(audit)   # both ranks' ledgers
+    assert rows and all(r["idle_micro_steps"] == 0 for r in rows)
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["num_input_tokens_seen"] == sum(r["input_tokens"] for r in rows) > 0
