@@ -34,8 +34,11 @@ def apply() -> None:
         lazy = LazySupervisedDataset(dataset, dataset_processor)
         if len(lazy) == 0:
             raise RuntimeError("Cannot find valid samples, check `data/README.md` for the data format.")
-        preflight.check_media(dataset, lazy.rows, getattr(data_args, "media_dir", None))
-        cutoff_preflight.check_cutoff(lazy)
+        # once per node: LLaMA-Factory runs this under main_process_first, so the other local
+        # ranks wait, and torchrun stops them when this one raises
+        if getattr(training_args, "local_process_index", 0) == 0:
+            preflight.check_media(dataset, lazy.rows, getattr(data_args, "media_dir", None))
+            cutoff_preflight.check_cutoff(lazy)
         if training_args.should_log:
             print("training example (processed lazily, per sample, in the DataLoader workers):")
             dataset_processor.print_data_example(lazy[0])

@@ -238,3 +238,21 @@ def test_balancing_keeps_coverage_and_loss(tmp_path, trained_start, demo_data, d
     history = [h for h in log_history(on) if "odb/balance_max_over_lb" in h]
     assert history, "balance metrics reach the trainer logs"
     assert all(h["odb/balance_max_over_lb"] <= h["odb/balance_max_over_lb_before"] + 1e-9 for h in history)
+
+
+def test_a_missing_image_stops_two_ranks_before_training(tmp_path, tiny_model, demo_data):
+    """The media check runs once per node (local rank 0, first under LLaMA-Factory's
+    main_process_first); the other rank waits, and the launcher stops it when the check fails."""
+    import shutil
+    data = tmp_path / "data"
+    shutil.copytree(demo_data, data)
+    rows = json.loads((data / "demo.json").read_text())
+    missing = [r for r in rows if r.get("images")][-1]["images"][0]
+    (data / missing).unlink()
+    config = base_yaml(tiny_model, data, tmp_path / "out", **ODB)
+    start = time.time()
+    proc = train(config, nproc=2, check=False, timeout=300)
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert f"image {missing} does not exist" in output, output[-3000:]
+    assert "'loss'" not in output and time.time() - start < 300
