@@ -34,7 +34,7 @@ $(STAMP): setup.cfg constraints.txt pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
-# The LLaMA-Factory tests again on transformers 4.57.6 (what most LLaMA-Factory 0.9.x GPU
+# The LLaMA-Factory, contract and vision-stage tests again on transformers 4.57.6 (what most LLaMA-Factory 0.9.x GPU
 # users run), laid over the default environment without touching it.
 TF457 := .venv-transformers-4.57
 TF457_STAMP := $(TF457)/.odb-factory-installed
@@ -44,7 +44,7 @@ $(TF457_STAMP): $(STAMP) constraints-transformers-4.57.txt
 	touch $@
 
 test-transformers-4.57: $(TF457_STAMP)
-	PYTHONPATH=$(CURDIR)/$(TF457) $(PY) -m pytest -q -p no:cacheprovider tests/llamafactory tests/patches
+	PYTHONPATH=$(CURDIR)/$(TF457) $(PY) -m pytest -q -p no:cacheprovider tests/llamafactory tests/patches tests/encoder_stage
 
 demo: $(STAMP)
 	$(PY) -m odb_factory.demo

@@ -169,7 +169,7 @@ def version_problems(odb: ODBRunOptions, raw: Mapping[str, Any], transformers_ve
     from odb_factory_patches.transformers_qwen3_vl import TRANSFORMERS_VERSIONS as VISION_VERSIONS
     if odb.vision_stage and transformers_version not in VISION_VERSIONS:
         problems.append(f"odb_balance_stages: [vision] runs inside Qwen3-VL's forward as transformers "
-                        f"{', '.join(VISION_VERSIONS)} writes it; transformers {transformers_version} is "
+                        f"4.57.1-4.57.6 and 5.6.0 write it; transformers {transformers_version} is "
                         "installed. Use odb_balance_stages: [llm]")
     if raw.get("include_tokens_per_second") and transformers_version.startswith("4."):
         problems.append("include_tokens_per_second: transformers 4.x counts the tokens by iterating the "

@@ -1,5 +1,8 @@
 """Target: transformers.models.qwen3_vl.modeling_qwen3_vl.Qwen3VLModel (written for
-transformers 5.6.0; ``apply()`` refuses other versions).
+transformers 5.6.0 and 4.57.1-4.57.6; ``apply()`` refuses other versions). 5.6.0's
+``get_image_features`` returns a ``BaseModelOutputWithDeepstackFeatures``, 4.57's the tuple
+(embeddings split per item, deepstack features); the replacement returns what the installed
+forward reads.
 
 Vision-stage post-balancing (docs/encoder_balancing.md): ``apply(group)`` wraps
 ``Qwen3VLModel.get_image_features`` and ``Qwen3VLModel.forward`` so that, in training mode,
@@ -40,7 +43,7 @@ import torch
 from odb_factory.balance import QWEN3_VL_VISION, StageCostModel
 from odb_factory.encoder_stage.vision import TowerDims, VisionBalancer
 
-TRANSFORMERS_VERSIONS = ("5.6.0",)
+TRANSFORMERS_VERSIONS = ("4.57.1", "4.57.2", "4.57.3", "4.57.4", "4.57.5", "4.57.6", "5.6.0")
 PLAN_KWARG = "odb_vision_plan"
 
 _state: dict[str, Any] = {}
@@ -68,17 +71,21 @@ def _active(model) -> VisionBalancer | None:
 
 
 def _output(model, embeds: torch.Tensor, deepstack: list, grids: torch.Tensor | None):
-    from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+    from transformers.models.qwen3_vl import modeling_qwen3_vl as mod
     if grids is None or grids.shape[0] == 0:
         sizes: list[int] = []
     else:
         sizes = (grids.prod(-1) // model.visual.spatial_merge_size ** 2).tolist()
-    return BaseModelOutputWithDeepstackFeatures(
-        last_hidden_state=None, pooler_output=tuple(torch.split(embeds, sizes)) if sizes else (),
-        deepstack_features=deepstack)
+    per_item = tuple(torch.split(embeds, sizes)) if sizes else ()
+    output_class = getattr(mod, "BaseModelOutputWithDeepstackFeatures", None)
+    if output_class is None:  # transformers 4.57
+        return per_item, deepstack
+    return output_class(last_hidden_state=None, pooler_output=per_item, deepstack_features=deepstack)
 
 
 def _maybe_tuple(model, out, kwargs):
+    if isinstance(out, tuple):  # transformers 4.57 returns a plain tuple
+        return out
     return_dict = kwargs.get("return_dict")
     if return_dict is None:
         return_dict = getattr(model.config, "return_dict", True)

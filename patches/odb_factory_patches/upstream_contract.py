@@ -15,7 +15,7 @@ gate, the part of odb-factory that cannot work without it:
   warning;
 * ``vision``: Qwen3-VL vision balancing (transformers_qwen3_vl, applied by the trainer on
   demand): checked by tests/patches; ``transformers_qwen3_vl.apply()`` itself accepts
-  transformers 5.6.0 only.
+  transformers 4.57.1–4.57.6 and 5.6.0 only.
 
 ``apply()`` runs the static checks of the first two gates (a few milliseconds: every module
 involved is already imported by then); ``check(deep=True)`` adds the behaviour probes.
@@ -194,7 +194,8 @@ def _probe_pixel_identity() -> str | None:
     for name, grid_name in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
         pixels = torch.zeros(4, 8)
         try:
-            Qwen3VLModel.forward(Stub(), input_ids=ids, **{name: pixels, grid_name: grid})
+            # undecorated: 4.57's input-checking decorator reads a config the stub lacks
+            inspect.unwrap(Qwen3VLModel.forward)(Stub(), input_ids=ids, **{name: pixels, grid_name: grid})
         except _Seen as seen:
             if seen.args[0] is not pixels:
                 return f"forward passes get_image_features a new tensor for {name}, not the one it was given"
@@ -211,7 +212,7 @@ _QWEN = "patches/odb_factory_patches/transformers_qwen3_vl.py"
 _SELF_KW = ("self", "**kwargs")
 _TF457 = ("4.57.1", "4.57.6")
 _TF5 = ("5.0.0", "5.6.0")
-_TF_VISION = ("5.6.0", "5.6.0")  # transformers_qwen3_vl.TRANSFORMERS_VERSIONS
+_TF_VISION = ("5.6.0", "5.6.0")  # with _TF457: transformers_qwen3_vl.TRANSFORMERS_VERSIONS
 _CONVERTED_COLUMNS = ("_prompt", "_response", "_system", "_tools", "_images", "_videos", "_audios")
 _PROCESS_MESSAGES = ("self", "messages", "images", "videos", "audios", "processor")
 _QWEN3VL = "transformers.models.qwen3_vl.modeling_qwen3_vl"
@@ -413,6 +414,26 @@ CONTRACT: tuple = (
           "delegates to get_image_features, so the one replacement covers videos",
           params=("self", "pixel_values_videos", "video_grid_thw", "**kwargs"), uses=("get_image_features",),
           gate="vision", versions=_TF_VISION),
+    Entry("transformers", f"{_QWEN3VL}:Qwen3VLModel.forward", _QWEN,
+          "wrapped; positional arguments are named from this signature; it must hand "
+          "get_image_features/get_video_features the pixel tensor objects themselves (the stash is "
+          "keyed by id())",
+          params=("self", "input_ids", "attention_mask", "position_ids", "past_key_values", "inputs_embeds",
+                  "pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw",
+                  "cache_position", "**kwargs"),
+          uses=("get_image_features", "get_video_features"), probe=_probe_pixel_identity, gate="vision",
+          versions=_TF457),
+    Entry("transformers", f"{_QWEN3VL}:Qwen3VLModel.get_image_features", _QWEN,
+          "replaced: returns the stashed or balanced (embeddings per item, deepstack) tuple; self.visual "
+          "is the tower", params=("self", "pixel_values", "image_grid_thw"), uses=("visual",),
+          gate="vision", versions=_TF457),
+    Entry("transformers", f"{_QWEN3VL}:Qwen3VLModel.get_video_features", _QWEN,
+          "delegates to get_image_features, so the one replacement covers videos",
+          params=("self", "pixel_values_videos", "video_grid_thw"), uses=("get_image_features",),
+          gate="vision", versions=_TF457),
+    Entry("transformers", f"{_QWEN3VL}:Qwen3VLVisionModel.forward", "odb_factory/encoder_stage/vision.py",
+          "the balancer runs the tower on its share and reads its (embeddings, deepstack) tuple",
+          params=("self", "hidden_states", "grid_thw", "**kwargs"), gate="vision", versions=_TF457),
     Entry("transformers", f"{_QWEN3VL}:BaseModelOutputWithDeepstackFeatures", _QWEN,
           "the output the replacement builds", fields=("last_hidden_state", "pooler_output", "deepstack_features"),
           gate="vision", versions=_TF_VISION),
@@ -422,13 +443,13 @@ CONTRACT: tuple = (
           uses=("pooler_output", "deepstack_features"), gate="vision", versions=_TF_VISION),
     Entry("transformers", f"{_QWEN3VL}:Qwen3VLVisionModel.__init__", _QWEN,
           "the replacement splits embeddings per item by the tower's spatial_merge_size",
-          uses=("spatial_merge_size",), gate="vision", versions=_TF_VISION),
+          uses=("spatial_merge_size",), gate="vision"),
     Entry("transformers", "transformers.models.qwen3_vl.configuration_qwen3_vl:Qwen3VLVisionConfig",
           "odb_factory/encoder_stage/vision.py", "TowerDims.of reads the tower's sizes", fields=(
               "in_channels", "patch_size", "temporal_patch_size", "spatial_merge_size", "out_hidden_size",
               "deepstack_visual_indexes"), gate="vision", versions=_TF_VISION),
     Entry("transformers", "transformers.models.qwen3_vl.configuration_qwen3_vl:Qwen3VLConfig.model_type", _TRAINER,
-          "odb_balance_stages: [vision] accepts this model type", value="qwen3_vl", gate="vision", versions=_TF_VISION),
+          "odb_balance_stages: [vision] accepts this model type", value="qwen3_vl", gate="vision"),
 )
 
 

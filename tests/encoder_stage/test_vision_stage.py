@@ -239,6 +239,7 @@ def _tower_rank(rank, world, model_dir, case):
     from transformers import Qwen3VLForConditionalGeneration
 
     from odb_factory.encoder_stage import TowerDims, VisionBalancer, plan_vision
+    from odb_factory.encoder_stage.vision import _tower_outputs
     torch.set_num_threads(1)
     tower = Qwen3VLForConditionalGeneration.from_pretrained(model_dir).double().model.visual
     dims = TowerDims.of(tower)
@@ -254,10 +255,11 @@ def _tower_rank(rank, world, model_dir, case):
 
     # off: every rank encodes its own items
     if grids:
-        out = tower(pixels, grid_thw=grid, return_dict=True)
-        ref = (out.pooler_output.detach(), [d.detach() for d in out.deepstack_features])
+        # (transformers 5.x returns pooler_output/deepstack_features, 4.57 a tuple of the two)
+        embeds_ref, deepstack_ref = _tower_outputs(tower(pixels, grid_thw=grid))
+        ref = (embeds_ref.detach(), [d.detach() for d in deepstack_ref])
         gen.manual_seed(77 + rank)
-        loss_of(out.pooler_output, list(out.deepstack_features)).backward()
+        loss_of(embeds_ref, deepstack_ref).backward()
     g_off = _grads(tower)
 
     results = {}
@@ -328,8 +330,20 @@ def _batch(proc, rank, sizes):
     if "pixel_values" in batch:
         batch["pixel_values"] = batch["pixel_values"].double()
     labels = batch["input_ids"].clone()
-    labels[batch["mm_token_type_ids"] != 0] = -100
+    if "mm_token_type_ids" in batch:
+        labels[batch["mm_token_type_ids"] != 0] = -100
+    else:  # transformers 4.57's processor does not mark them
+        labels[batch["input_ids"] == proc.tokenizer.convert_tokens_to_ids(proc.image_token)] = -100
     return batch, labels
+
+
+def _image_features(model, pixels, grid):
+    """(embeddings per item, deepstack features): transformers 5.x returns them as
+    pooler_output/deepstack_features, 4.57 as a tuple."""
+    out = model.model.get_image_features(pixels, grid)
+    if hasattr(out, "pooler_output"):
+        return out.pooler_output, out.deepstack_features
+    return out[0], out[1]
 
 
 def _model_rank(rank, world, model_dir):
@@ -371,13 +385,12 @@ def _model_rank(rank, world, model_dir):
     cmp_stats = bal.last_stats
     # the embeddings themselves, via a direct (collective) get_image_features call
     img = batch.get("pixel_values")
-    got = model.model.get_image_features(img, batch.get("image_grid_thw"), return_dict=True)
+    got = _image_features(model, img, batch.get("image_grid_thw"))
     emb_err = 0.0
     if img is not None:
         patch.remove()
-        ref = model.model.get_image_features(img, batch["image_grid_thw"], return_dict=True)
-        pairs = list(zip(got.pooler_output, ref.pooler_output)) + \
-            list(zip(got.deepstack_features, ref.deepstack_features))
+        ref = _image_features(model, img, batch["image_grid_thw"])
+        pairs = list(zip(got[0], ref[0])) + list(zip(got[1], ref[1]))
         emb_err = max(float((a - b).detach().abs().max()) for a, b in pairs)
     patch.remove()
     assert (mod.Qwen3VLModel.forward, mod.Qwen3VLModel.get_image_features) == upstream

@@ -172,11 +172,6 @@ def test_vision_stage_on_a_text_model_is_refused_at_parse_time(lf, tmp_path, tin
     model = build_tiny_qwen3(tmp_path / "tiny_qwen3", seed=0)
     config = base_yaml(model, demo_data, tmp_path / "out", odb_enable=True, odb_balance=True,
                        odb_balance_stages=["llm", "vision"])
-    import transformers
-    if transformers.__version__.startswith("4."):  # refused for the version first
-        with pytest.raises(ValueError, match=r"odb_balance_stages: \[vision\] runs inside Qwen3-VL's forward"):
-            lf[0](config)
-        return
     with pytest.raises(ValueError, match=r"^odb_balance_stages: \[vision\] supports Qwen3-VL models; "
                                          r"this model is 'qwen3'\. Use odb_balance_stages: \[llm\]$"):
         lf[0](config)
