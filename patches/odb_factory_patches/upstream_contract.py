@@ -216,6 +216,12 @@ _TF_VISION = ("5.6.0", "5.6.0")  # with _TF457: transformers_qwen3_vl.TRANSFORME
 _CONVERTED_COLUMNS = ("_prompt", "_response", "_system", "_tools", "_images", "_videos", "_audios")
 _PROCESS_MESSAGES = ("self", "messages", "images", "videos", "audios", "processor")
 _QWEN3VL = "transformers.models.qwen3_vl.modeling_qwen3_vl"
+_QWEN_FORWARD_WHY = ("wrapped; positional arguments are named from this signature; it must hand "
+                     "get_image_features/get_video_features the pixel tensor objects themselves (the "
+                     "stash is keyed by id())")
+_QWEN_FORWARD_PARAMS = ("self", "input_ids", "attention_mask", "position_ids", "past_key_values",
+                        "inputs_embeds", "pixel_values", "pixel_values_videos", "image_grid_thw",
+                        "video_grid_thw")  # then 5.6.0: mm_token_type_ids; 4.57: cache_position
 
 CONTRACT: tuple = (
     # ---- torch
@@ -399,14 +405,10 @@ CONTRACT: tuple = (
     Entry("llamafactory", "llamafactory.data.mm_plugin:Qwen3VLPlugin.process_messages", _LAZY,
           "the same call for Qwen3-VL", params=_PROCESS_MESSAGES),
     # ---- Qwen3-VL vision balancing
-    Entry("transformers", f"{_QWEN3VL}:Qwen3VLModel.forward", _QWEN,
-          "wrapped; positional arguments are named from this signature; it must hand "
-          "get_image_features/get_video_features the pixel tensor objects themselves (the stash is "
-          "keyed by id())",
-          params=("self", "input_ids", "attention_mask", "position_ids", "past_key_values", "inputs_embeds",
-                  "pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw",
-                  "mm_token_type_ids", "**kwargs"),
-          uses=("get_image_features", "get_video_features"), probe=_probe_pixel_identity, gate="vision", versions=_TF_VISION),
+    Entry("transformers", f"{_QWEN3VL}:Qwen3VLModel.forward", _QWEN, _QWEN_FORWARD_WHY,
+          params=_QWEN_FORWARD_PARAMS + ("mm_token_type_ids", "**kwargs"),
+          uses=("get_image_features", "get_video_features"), probe=_probe_pixel_identity, gate="vision",
+          versions=_TF_VISION),
     Entry("transformers", f"{_QWEN3VL}:Qwen3VLModel.get_image_features", _QWEN,
           "replaced: returns the stashed or balanced embeddings; self.visual is the tower",
           params=("self", "pixel_values", "image_grid_thw", "**kwargs"), uses=("visual",), gate="vision", versions=_TF_VISION),
@@ -414,13 +416,8 @@ CONTRACT: tuple = (
           "delegates to get_image_features, so the one replacement covers videos",
           params=("self", "pixel_values_videos", "video_grid_thw", "**kwargs"), uses=("get_image_features",),
           gate="vision", versions=_TF_VISION),
-    Entry("transformers", f"{_QWEN3VL}:Qwen3VLModel.forward", _QWEN,
-          "wrapped; positional arguments are named from this signature; it must hand "
-          "get_image_features/get_video_features the pixel tensor objects themselves (the stash is "
-          "keyed by id())",
-          params=("self", "input_ids", "attention_mask", "position_ids", "past_key_values", "inputs_embeds",
-                  "pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw",
-                  "cache_position", "**kwargs"),
+    Entry("transformers", f"{_QWEN3VL}:Qwen3VLModel.forward", _QWEN, _QWEN_FORWARD_WHY,
+          params=_QWEN_FORWARD_PARAMS + ("cache_position", "**kwargs"),
           uses=("get_image_features", "get_video_features"), probe=_probe_pixel_identity, gate="vision",
           versions=_TF457),
     Entry("transformers", f"{_QWEN3VL}:Qwen3VLModel.get_image_features", _QWEN,
