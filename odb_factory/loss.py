@@ -45,10 +45,16 @@ def weighted_loss(step, logits: torch.Tensor, labels: torch.Tensor, ignore_index
 
 def weighted_token_sum(logits: torch.Tensor, labels: torch.Tensor, row_weights: torch.Tensor,
                        ignore_index: int = -100, shift: bool = True) -> torch.Tensor:
-    """Σ_rows row_weights[r] · Σ_tokens CE over the supervised tokens of row r."""
+    """Σ_rows row_weights[r] · Σ_tokens CE over the supervised tokens of row r. Weights shaped
+    like `labels` weigh each token instead (a padding-free row holds several samples)."""
+    per_token_weights = row_weights.dim() == labels.dim()
     if shift:
         logits, labels = logits[..., :-1, :], labels[..., 1:]
+        if per_token_weights:
+            row_weights = row_weights[..., 1:]  # a label's weight is its own sample's
     per_token = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
                                 ignore_index=ignore_index, reduction="none").view(labels.shape)
+    if per_token_weights:
+        return (per_token * row_weights.to(per_token.dtype)).sum()
     per_row = per_token.sum(dim=-1)  # pragma: no mutate, per_token is 2-D: dim 1 is dim -1
     return (per_row * row_weights.to(per_token.dtype)).sum()

@@ -48,6 +48,8 @@ NEEDS: dict[str, str] = {
     "data/llava_instruct_150k": "LLaVA-Instruct-150K with COCO train2017: " + _PREPARE.format(set="llava150k"),
     "data/ultrachat_200k": ("UltraChat-200K: read from the Hub as registered, or offline: "
                             + _PREPARE.format(set="ultrachat").split(", then")[0] + ", then dataset_dir=<data>"),
+    "method/odb_padding_free": ("flash-attn 2 with transformers 4.57.6 (5.6.0's flash-attention path fails): "
+                                "pip install -r constraints-transformers-4.57.txt flash-attn"),
     "data/mm_mix": "MM-Mix stand-in (Alpaca, LLaVA, UltraChat, ShareGPT-4o): " + _PREPARE.format(set="mmmix"),
 }
 GPUS = {CLUSTER_8: "1 node x 8 GPUs (the paper: 96 GB H20s; lower odb_token_budget on smaller GPUs)",
@@ -81,6 +83,12 @@ RECIPES: dict[str, Recipe] = {
         "(batch 1 x accumulation 8 per GPU, the same model as Standard), ZeRO-2, bf16.",
         _8B + ("data/sharegpt4o", "method/odb_samples", "deepspeed/ds_z2.json"),
         {"odb_token_budget": 14336, "output_dir": "runs/qwen3vl_8b_odb_samples"}),
+    "qwen3vl_8b_odb_padding_free.yaml": Recipe(
+        "As qwen3vl_8b_odb_samples (the same model as Standard), each group trained as one row without "
+        "padding (flash attention), post-balanced across ranks.",
+        _8B + ("data/sharegpt4o", "method/odb_samples", "method/odb_padding_free", "method/odb_balance",
+               "deepspeed/ds_z2.json"),
+        {"odb_token_budget": 14336, "output_dir": "runs/qwen3vl_8b_odb_padding_free"}),
     "qwen3vl_8b_odb_nonjoin.yaml": Recipe(
         "As qwen3vl_8b_odb, non-join mode (equal sample quota per rank, no idle slots).",
         _8B + ("data/sharegpt4o", "method/odb_join", "method/odb_nonjoin", "deepspeed/ds_z2.json"),

@@ -187,6 +187,24 @@ def test_weighted_token_sum_weighs_each_rows_summed_loss(shift):
     assert got == pytest.approx(0.25 * rows[0][0] + 3.0 * rows[1][0], rel=1e-12)
 
 
+@pytest.mark.parametrize("shift", [True, False])
+def test_weighted_token_sum_per_token_weights_weigh_each_tokens_loss(shift):
+    """Weights shaped like the labels (a padding-free row of several samples): a label is
+    weighted by its own token's weight; row weights broadcast to tokens give the same sum."""
+    import torch
+    from odb_factory.loss import weighted_token_sum
+    logits, labels = _logits_and_labels()
+    row_weights = torch.tensor([0.25, 3.0], dtype=torch.float64)
+    per_token = row_weights.unsqueeze(1).expand(labels.shape).clone()
+    expected = float(weighted_token_sum(logits, labels, row_weights, shift=shift))
+    assert float(weighted_token_sum(logits, labels, per_token, shift=shift)) == pytest.approx(expected, rel=1e-12)
+    per_token[0, 0] = 100.0  # the first label: not in a shifted loss
+    got = float(weighted_token_sum(logits, labels, per_token, shift=shift))
+    assert (got == pytest.approx(expected, rel=1e-12)) == shift
+    per_token[0, -1] = 100.0  # the last label (supervised): weighted by its own position's weight
+    assert float(weighted_token_sum(logits, labels, per_token, shift=shift)) > got + 1.0
+
+
 def test_weighted_loss_uses_the_step_weights_and_keeps_idle_steps_in_the_graph():
     from types import SimpleNamespace
     import torch

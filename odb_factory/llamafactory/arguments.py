@@ -23,6 +23,12 @@ class AdapterOptions:
         "in the DataLoader workers instead of an upfront `datasets.map`.", agree=False)
     audit_dir: Optional[str] = option(
         None, "Write a per-rank JSONL ledger here (one line per optimizer step).", agree=False)
+    padding_free: bool = option(
+        False, "Train each group as one flattened row without padding (real tokens only; "
+        "position ids restart per sample; transformers builds block-causal attention). Sets "
+        "`odb_cost_mode: packed` and `odb_balance_mode: lpt`. Pays with flash attention on GPU; "
+        "CPU sdpa/eager build a dense (Σ len)² mask. Qwen3-VL, Qwen2.5-VL, Qwen3, Llama.",
+        agree=True)
     balance_stages: List[str] = option(
         doc="With `odb_balance`: `llm` (sample exchange in the loader) and/or `vision` (encoder "
         "stage, Qwen3-VL).", agree=True, choices=BALANCE_STAGES, default_factory=lambda: ["llm"])
@@ -90,8 +96,26 @@ def parse_odb_arguments(values: Mapping[str, Any]) -> ODBRunOptions:
     requested = typed_dataclass(ODBConfig, {"balance": engine_values.pop("balance", False)},
                                 key_of=key_of).balance
     engine_values["balance"] = requested and "llm" in adapter.balance_stages
+    if adapter.padding_free:
+        engine_values = padding_free_costs(engine_values)
     config = typed_dataclass(ODBConfig, engine_values, base=lf_defaults(), key_of=key_of)
     return ODBRunOptions(adapter, config, vision_stage=requested and "vision" in adapter.balance_stages)
+
+
+# what a padding-free group costs: its real tokens (grouping) and Σ a·len + b·len² (balancing)
+PADDING_FREE_COSTS = {"cost_mode": ("packed", ("packed",)), "balance_mode": ("lpt", ("lpt", "min_move"))}
+
+
+def padding_free_costs(engine_values: Mapping[str, Any]) -> Dict[str, Any]:
+    """The cost settings `odb_padding_free: true` implies; a recipe that sets them otherwise
+    is an error naming both keys."""
+    values = dict(engine_values)
+    for name, (implied, allowed) in PADDING_FREE_COSTS.items():
+        if name in values and str(values[name]) not in allowed:
+            raise ValueError(f"odb_{name}: {values[name]} contradicts odb_padding_free: true (a padding-free "
+                             f"group costs its real tokens); remove odb_{name} or set it to {implied}")
+        values.setdefault(name, implied)
+    return values
 
 
 def hand_accumulation_to_odb(odb: ODBRunOptions, raw: Mapping[str, Any]) -> Dict[str, Any]:
@@ -119,7 +143,8 @@ def check_compatible(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
     problems = []
     if raw.get("packing") or raw.get("neat_packing"):
         problems.append("packing/neat_packing: ODB forms token-budgeted groups itself (packing would "
-                        "re-batch its groups, and packing has open bugs with Qwen3-VL); set packing: false")
+                        "re-batch its groups, and packing has open bugs with Qwen3-VL); set packing: false, "
+                        "and odb_padding_free: true to train each group without padding")
     for loss in ("use_dft_loss", "use_eaft_loss", "use_asft_loss"):
         if raw.get(loss) and odb.config.loss_scaling != "none":
             problems.append(f"{loss}: it replaces the loss function ODB weights to reproduce the "
@@ -194,13 +219,21 @@ def check_model(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
     local folder (a hub id is checked once the model is loaded)."""
     import json
     from pathlib import Path
-    if not odb.vision_stage:
-        return
     config = Path(str(raw.get("model_name_or_path", ""))).expanduser() / "config.json"
-    if config.is_file():
-        reason = vision_stage_refusal(json.loads(config.read_text()).get("model_type"))
-        if reason is not None:
-            raise ValueError(reason)
+    if not config.is_file():
+        return
+    reason = model_refusal(odb, json.loads(config.read_text()).get("model_type"))
+    if reason is not None:
+        raise ValueError(reason)
+
+
+def model_refusal(odb: ODBRunOptions, model_type: Optional[str]) -> Optional[str]:
+    """Why this run's ODB options cannot train a model of this type (None: they can)."""
+    from .padding_free import padding_free_refusal
+    reasons = [vision_stage_refusal(model_type) if odb.vision_stage else None,
+               padding_free_refusal(model_type) if odb.adapter.padding_free else None]
+    reasons = [r for r in reasons if r is not None]
+    return "\n".join(reasons) if reasons else None
 
 
 def check_paths(raw: Mapping[str, Any]) -> None:

@@ -10,6 +10,7 @@ import torch
 
 from ..loader import ODBBatch, ODBDataLoader
 from . import state
+from .padding_free import TOKEN_SAMPLE_KEY, token_weights
 
 
 class LFCollate:
@@ -95,6 +96,7 @@ class TrainLoader:
         micro_batches: List[Dict[str, Any]] = []
         for step in self.loader:
             batch = step.data
+            token_sample = batch.pop(TOKEN_SAMPLE_KEY, None)  # padding-free rows: each token's sample
             if step.is_idle:
                 batch["labels"] = torch.full_like(batch["labels"], -100)
             self.pending.append(step)
@@ -104,9 +106,7 @@ class TrainLoader:
             if not self.samples_mode:
                 yield batch
                 continue
-            rows = batch["input_ids"].shape[0]
-            weights = step.sample_weights if not step.is_idle else [0.0] * rows
-            batch["odb_sample_weights"] = torch.tensor(weights, dtype=torch.float32)
+            batch["odb_sample_weights"] = self.loss_weights(step, token_sample)
             micro_batches.append(batch)
             if step.optimizer_step_end:
                 yield OptimizerStepBatch(micro_batches)
@@ -114,6 +114,16 @@ class TrainLoader:
         control = self.control_of()
         if control is not None:
             control.should_epoch_stop = True
+
+    @staticmethod
+    def loss_weights(step: ODBBatch, token_sample) -> torch.Tensor:
+        """Samples mode: each sample's loss weight, per row (padded) or per token (padding-free:
+        a row holds several samples); zeros for an IDLE step."""
+        if token_sample is not None:
+            weights = token_weights(step.sample_weights, token_sample)
+            return weights * 0.0 if step.is_idle else weights
+        rows = step.data["input_ids"].shape[0]
+        return torch.tensor(step.sample_weights if not step.is_idle else [0.0] * rows, dtype=torch.float32)
 
     def take_pending(self) -> List[ODBBatch]:
         done, self.pending = self.pending, []

@@ -20,9 +20,10 @@ from ..loader import ODBDataLoader
 from ..loss import weighted_token_sum
 from ..planning.optimizer_steps import StandardStep
 from . import state
-from .arguments import vision_stage_refusal
+from .arguments import model_refusal
 from .callbacks import ODBCallback
 from .lazy_dataset import LazySupervisedDataset
+from .padding_free import PackedCollate
 from .train_loader import LFCollate, OptimizerStepBatch, TrainLoader
 
 logger = logging.getLogger("odb_factory")
@@ -78,6 +79,10 @@ class ODBTrainerMixin:
                                          max_steps_from_user=self.args.max_steps > 0 or self._odb_samples_mode,
                                          num_train_epochs=self.args.num_train_epochs)
         self.add_callback(self._odb_callback)
+        model = self.accelerator.unwrap_model(self.model) if self.model is not None else None
+        refusal = model_refusal(self._odb, getattr(getattr(model, "config", None), "model_type", None))
+        if refusal is not None:  # a hub model id, not checked at parse time
+            raise ValueError(refusal)
         if self._odb.vision_stage:
             self._odb_balance_vision_stage()
         self._odb_describe_steps()
@@ -119,10 +124,6 @@ class ODBTrainerMixin:
         import datetime
 
         import torch.distributed as dist
-        model = self.accelerator.unwrap_model(self.model)
-        refusal = vision_stage_refusal(getattr(getattr(model, "config", None), "model_type", None))
-        if refusal is not None:  # a hub model id, not checked at parse time
-            raise ValueError(refusal)
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
         from odb_factory_patches import transformers_qwen3_vl
@@ -162,7 +163,10 @@ class ODBTrainerMixin:
             spatial_merge_size=getattr(vision_config, "spatial_merge_size", 2),
             balance=odb.config.balance)
         standard_steps = self._odb_standard_steps if self._odb_samples_mode else None
-        loader = ODBDataLoader(self.train_dataset, cfg, collate_fn=LFCollate(self.data_collator),
+        collate = LFCollate(self.data_collator)
+        if odb.adapter.padding_free:
+            collate = PackedCollate(collate)
+        loader = ODBDataLoader(self.train_dataset, cfg, collate_fn=collate,
                                standard_steps=standard_steps)
         steps_per_epoch = 0
         if self._odb_samples_mode:

@@ -177,6 +177,35 @@ def test_vision_stage_on_a_text_model_is_refused_at_parse_time(lf, tmp_path, tin
         lf[0](config)
 
 
+def test_padding_free_sets_its_costs_and_refuses_contradictions(lf, tmp_path, tiny_model, demo_data):
+    from odb_factory.llamafactory import state
+    lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, odb_padding_free=True))
+    assert state.current.adapter.padding_free is True
+    assert (state.current.config.cost_mode, state.current.config.balance_mode) == ("packed", "lpt")
+    lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, odb_padding_free=True,
+                    odb_balance_mode="min_move"))
+    assert state.current.config.balance_mode == "min_move"
+    with pytest.raises(ValueError, match=r"^odb_cost_mode: padded contradicts odb_padding_free: true .* "
+                                         r"remove odb_cost_mode or set it to packed$"):
+        lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, odb_padding_free=True,
+                        odb_cost_mode="padded"))
+    with pytest.raises(ValueError, match=r"^odb_balance_mode: padded contradicts odb_padding_free: true"):
+        lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, odb_padding_free=True,
+                        odb_balance_mode="padded"))
+
+
+def test_padding_free_on_an_unverified_model_is_refused_at_parse_time(lf, tmp_path, tiny_model, demo_data):
+    import shutil
+    model = tmp_path / "other_model"
+    shutil.copytree(tiny_model, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(dict(config, model_type="qwen2_vl")))
+    with pytest.raises(ValueError, match=r"^odb_padding_free: true: packed rows are verified for \['llama', "
+                                         r"'qwen2_5_vl', 'qwen3', 'qwen3_vl'\]; this model is 'qwen2_vl' .* "
+                                         r"Set odb_padding_free: false$"):
+        lf[0](base_yaml(model, demo_data, tmp_path / "out", odb_enable=True, odb_padding_free=True))
+
+
 def test_megatron_core_runs_refuse_odb_keys(lf, tmp_path, tiny_model, demo_data, monkeypatch):
     monkeypatch.setenv("USE_MCA", "1")
     config = base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True)

@@ -88,3 +88,14 @@ def test_samples_mode_trains_the_standard_model_text_model_post_balanced(tmp_pat
                                 odb_extra={"odb_balance": True})
     _assert_same_training(standard, odb, rows)
     assert any("odb/balance_max_over_lb" in h for h in odb), "post-balancing ran"
+
+
+def test_padding_free_samples_mode_trains_the_standard_model(tmp_path, tiny_model, demo_data):
+    """`odb_padding_free: true`: each micro-batch is one flattened row without padding, the
+    loss weights are per token, post-balancing costs Σ a·len + b·len², and the model is still
+    Standard's (images, trainable vision tower, DDP)."""
+    standard, odb, rows = _pair(tmp_path, tiny_model, demo_data, "padding_free", freeze_vision_tower=False,
+                                odb_extra={"odb_padding_free": True, "odb_balance": True})
+    _assert_same_training(standard, odb, rows)
+    assert any("odb/balance_max_over_lb" in h for h in odb), "post-balancing ran"
+    assert all(r["padded_tokens"] == r["input_tokens"] for r in rows), "a padding-free group costs its tokens"

@@ -126,13 +126,22 @@ def test_unknown_part_is_named():
 # ------------------------------------------- (b) every recipe through LLaMA-Factory's parser
 @pytest.mark.parametrize("name", FLAT)
 def test_recipe_parses_with_llamafactory(name, lf, workspace, monkeypatch, fresh_odb_state):
+    import transformers
     from llamafactory.data.parser import get_dataset_list
     from llamafactory.data.template import TEMPLATES
 
+    from odb_factory.llamafactory.arguments import FLASH_ATTENTION_BROKEN
     monkeypatch.chdir(workspace)
     raw = load_recipe(name)
     assert "use_cpu" not in raw, "use_cpu breaks ZeRO-3 on CPU (DESIGN.md §3); leave it unset"
     args, deepspeed = cpu_parse_view(raw)
+    if args.get("flash_attn") in ("fa2", "fa3") and transformers.__version__ in FLASH_ATTENTION_BROKEN:
+        # the recipe's header names the transformers it needs; this one is refused, by name
+        assert "transformers 4.57.6" in (REPO / "recipes" / name).read_text()
+        with pytest.raises(ValueError, match=rf"flash_attn: {args['flash_attn']}: transformers "
+                                             rf"{transformers.__version__}'s flash attention fails"):
+            lf.get_train_args(args)
+        args["flash_attn"] = "sdpa"
     model_args, data_args, training_args, finetuning_args, _ = lf.get_train_args(args)
 
     assert finetuning_args.stage == "sft" and finetuning_args.finetuning_type == "full"
@@ -250,7 +259,8 @@ def test_packing_with_odb_is_refused_with_the_reason(lf, workspace, monkeypatch)
     monkeypatch.chdir(workspace)
     args, _ = cpu_parse_view(load_recipe(TINY_ODB))
     args["packing"] = True
-    with pytest.raises(ValueError, match="packing/neat_packing: ODB forms token-budgeted groups itself"):
+    with pytest.raises(ValueError, match="packing/neat_packing: ODB forms token-budgeted groups itself.*"
+                                         "odb_padding_free: true to train each group without padding"):
         lf.get_train_args(args)
 
 

@@ -1,0 +1,207 @@
+"""Padding-free groups equal padded groups: in fp64, every sample's loss and every parameter's
+gradient from one packed row (pack_group on LLaMA-Factory's real collator output) equal those of
+the same samples padded, for Qwen3-VL, Qwen2.5-VL and Qwen3 (text, images, multi-image rows,
+video, rows cut at cutoff_len, a group without media) and a text-only Llama."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("llamafactory")
+
+from odb_factory.llamafactory.padding_free import (TOKEN_SAMPLE_KEY, pack_group,  # noqa: E402
+                                                   padding_free_refusal, token_weights)
+from tests.helpers import lf_runs  # noqa: E402
+
+TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
+RELATIVE = 1e-10
+
+
+def _real_data(root: Path) -> Path:
+    demo = lf_runs.SHARED_DEMO
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "dataset_info.json").write_text(json.dumps({
+        "alpaca_en_demo": {"file_name": str(demo / "alpaca_en_demo.json")},
+        "mllm_demo": {"file_name": str(demo / "mllm_demo.json"), "formatting": "sharegpt",
+                      "columns": {"messages": "messages", "images": "images"}, "tags": TAGS},
+        "mllm_video_demo": {"file_name": str(demo / "mllm_video_demo.json"), "formatting": "sharegpt",
+                            "columns": {"messages": "messages", "videos": "videos"}, "tags": TAGS}}))
+    return root
+
+
+def _lf_pieces(model_dir: Path, data_dir: Path, out: Path, **overrides):
+    """(dataset, ODB's collate, fp64 model) as `run_sft` builds them."""
+    import llamafactory.train.tuner  # noqa: F401  (the import hook applies the patches here)
+    import odb_factory_patches
+    odb_factory_patches.apply()
+    from llamafactory.data import SFTDataCollatorWith4DAttentionMask, get_dataset, get_template_and_fix_tokenizer
+    from llamafactory.hparams import get_train_args
+    from llamafactory.model import load_model, load_tokenizer
+
+    from odb_factory.llamafactory import state
+    from odb_factory.llamafactory.train_loader import LFCollate
+    config = lf_runs.base_yaml(model_dir, data_dir, out, media_dir=str(lf_runs.SHARED_DEMO),
+                               freeze_vision_tower=False, video_max_pixels=16384, video_fps=1.0,
+                               video_maxlen=4, **overrides)
+    model_args, data_args, training_args, finetuning_args, _ = get_train_args(config)
+    tokenizer_module = load_tokenizer(model_args)
+    template = get_template_and_fix_tokenizer(tokenizer_module["tokenizer"], data_args)
+    state.current = None  # plain LLaMA-Factory datasets (eager), no ODB loader
+    dataset = get_dataset(template, model_args, data_args, training_args, "sft", **tokenizer_module)["train_dataset"]
+    model = load_model(tokenizer_module["tokenizer"], model_args, finetuning_args, True).double()
+    collator = SFTDataCollatorWith4DAttentionMask(
+        template=template, model=model, pad_to_multiple_of=8, label_pad_token_id=-100,
+        attn_implementation=model.config._attn_implementation, compute_dtype=torch.float64, **tokenizer_module)
+    return dataset, LFCollate(collator), model
+
+
+def _fp64(batch):
+    return {k: (v.double() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in batch.items()}
+
+
+def _per_token_loss(model, batch):
+    batch = dict(batch)
+    labels = batch.pop("labels")
+    batch.pop(TOKEN_SAMPLE_KEY, None)
+    logits = model(**batch).logits
+    loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
+                           ignore_index=-100, reduction="none")
+    return loss.view(labels.shape[0], -1), labels[:, 1:]
+
+
+def _losses_and_grads(model, batch, sample_of_token, weights):
+    """(per-sample summed token losses, gradients of Σ weights·losses)."""
+    model.zero_grad(set_to_none=True)
+    per_token, labels = _per_token_loss(model, batch)
+    owner = sample_of_token[:, 1:]
+    losses = torch.stack([per_token[owner == s].sum() for s in range(len(weights))])
+    (losses * weights).sum().backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert all(int((labels[owner == s] != -100).sum()) > 0 for s in range(len(weights))), "every sample supervised"
+    return losses.detach(), grads
+
+
+def assert_packed_equals_padded(model, collate, features):
+    """The check itself: the same samples padded (LLaMA-Factory's batch) and packed."""
+    import copy
+    torch.manual_seed(0)
+    weights = torch.rand(len(features), dtype=torch.float64) + 0.5
+    padded = collate(copy.deepcopy(features))
+    rows, width = padded["input_ids"].shape
+    padded_owner = torch.arange(rows).unsqueeze(1).expand(rows, width)
+    lengths = [len(f["input_ids"]) for f in features]
+    fresh = copy.deepcopy(features)
+    placeholder_batch = collate(fresh)
+    packed = pack_group(placeholder_batch, lengths, len(fresh[0]["input_ids"]) - lengths[0])
+    assert packed["input_ids"].shape == (1, sum(lengths) + len(fresh[0]["input_ids"]) - lengths[0])
+    assert "attention_mask" not in packed and packed["use_cache"] is False
+    loss_padded, grad_padded = _losses_and_grads(model, _fp64(padded), padded_owner, weights)
+    loss_packed, grad_packed = _losses_and_grads(model, _fp64(packed), packed[TOKEN_SAMPLE_KEY], weights)
+    assert torch.allclose(loss_packed, loss_padded, rtol=RELATIVE, atol=0), (loss_packed, loss_padded)
+    assert grad_packed.keys() == grad_padded.keys() and grad_padded
+    for name, grad in grad_padded.items():
+        scale = grad.abs().max().clamp(min=1e-300)
+        assert float((grad_packed[name] - grad).abs().max() / scale) <= RELATIVE, name
+    return packed
+
+
+@pytest.fixture(scope="module")
+def real_data(tmp_path_factory):
+    if not lf_runs.SHARED_DEMO.exists():
+        pytest.skip("shared LLaMA-Factory demo data is absent")
+    return _real_data(tmp_path_factory.mktemp("real"))
+
+
+def _kinds(dataset):
+    """Indices of rows with several images, one video, and none (text)."""
+    multi = [i for i in range(len(dataset)) if len(dataset[i].get("images") or []) > 1]
+    video = [i for i in range(len(dataset)) if dataset[i].get("videos")]
+    text = [i for i in range(len(dataset)) if not dataset[i].get("images") and not dataset[i].get("videos")]
+    assert multi and video and len(text) >= 3
+    return multi, video, text
+
+
+@pytest.mark.parametrize("kind", ["qwen3_vl", "qwen2_5_vl"])
+def test_vl_packed_row_equals_padded_batch(tmp_path, tiny_model, real_data, kind):
+    if kind == "qwen3_vl":
+        model_dir, template = tiny_model, "qwen3_vl_nothink"
+    else:
+        from odb_factory.demo.tiny_qwen25vl import build_tiny_qwen25vl
+        model_dir, template = build_tiny_qwen25vl(tmp_path / "tiny_qwen25vl", seed=0), "qwen2_vl"
+    dataset, collate, model = _lf_pieces(model_dir, real_data, tmp_path / "out", template=template,
+                                         dataset="mllm_demo,mllm_video_demo,alpaca_en_demo", max_samples=6)
+    multi, video, text = _kinds(dataset)
+    groups = {"images, video and text": [multi[0], video[0], text[0]],
+              "videos": video[:2], "text only (the collator's placeholder image)": text[:3]}
+    for name, indices in groups.items():
+        packed = assert_packed_equals_padded(model, collate, [dict(dataset[i]) for i in indices])
+        owners = packed[TOKEN_SAMPLE_KEY][0].tolist()
+        assert (-1 in owners) == name.startswith("text only"), name
+    # rows cut at cutoff_len (text rows: LLaMA-Factory truncates them)
+    cut, collate, model = _lf_pieces(model_dir, real_data, tmp_path / "cut", template=template,
+                                     dataset="alpaca_en_demo", max_samples=4, cutoff_len=48)
+    assert max(len(cut[i]["input_ids"]) for i in range(4)) == 48
+    assert_packed_equals_padded(model, collate, [dict(cut[i]) for i in range(4)])
+
+
+def test_text_model_packed_row_equals_padded_batch(tmp_path, real_data):
+    from odb_factory.demo.tiny_qwen3 import build_tiny_qwen3
+    model_dir = build_tiny_qwen3(tmp_path / "tiny_qwen3", seed=0)
+    dataset, collate, model = _lf_pieces(model_dir, real_data, tmp_path / "out", template="qwen3_nothink",
+                                         dataset="alpaca_en_demo", max_samples=5, cutoff_len=96)
+    packed = assert_packed_equals_padded(model, collate, [dict(dataset[i]) for i in range(5)])
+    assert packed["position_ids"].shape == packed["input_ids"].shape
+
+
+def test_llama_packed_row_equals_padded_batch():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         attn_implementation="sdpa")).double()
+    lengths = [9, 3, 14, 6]
+    features = [{"input_ids": torch.randint(1, 64, (n,)).tolist()} for n in lengths]
+    for f in features:
+        f["labels"] = [-100] + f["input_ids"][1:]
+
+    def collate(batch_features):
+        width = max(len(f["input_ids"]) for f in batch_features)
+        pad = [width - len(f["input_ids"]) for f in batch_features]
+        return {"input_ids": torch.tensor([f["input_ids"] + [0] * p for f, p in zip(batch_features, pad)]),
+                "attention_mask": torch.tensor([[1] * len(f["input_ids"]) + [0] * p for f, p in zip(batch_features, pad)]),
+                "labels": torch.tensor([f["labels"] + [-100] * p for f, p in zip(batch_features, pad)])}
+    assert_packed_equals_padded(model, collate, features)
+
+
+def test_pack_group_layout_and_errors():
+    batch = {"input_ids": torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]]),
+             "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
+             "labels": torch.tensor([[-100, 6, 7, -100], [-100, 9, -100, -100]]),
+             "position_ids": torch.arange(4).repeat(4, 2, 1), "rope_deltas": torch.zeros(2, 1),
+             "pixel_values": torch.ones(3, 2)}
+    packed = pack_group(batch, [3, 2])
+    assert packed["input_ids"].tolist() == [[5, 6, 7, 8, 9]]
+    assert packed["labels"].tolist() == [[-100, 6, 7, -100, 9]]
+    assert packed["position_ids"].shape == (4, 1, 5)
+    assert packed["position_ids"][0, 0].tolist() == [0, 1, 2, 0, 1]
+    assert packed[TOKEN_SAMPLE_KEY].tolist() == [[0, 0, 0, 1, 1]]
+    assert "rope_deltas" not in packed and packed["pixel_values"] is batch["pixel_values"]
+    with_placeholder = pack_group(batch, [2, 2], placeholder=1)
+    assert with_placeholder[TOKEN_SAMPLE_KEY].tolist() == [[0, 0, 1, 1, -1]]
+    assert with_placeholder["labels"].tolist() == [[-100, 6, -100, 9, -100]]
+    assert token_weights([0.5, 2.0], with_placeholder[TOKEN_SAMPLE_KEY]).tolist() == [[0.5, 0.5, 2.0, 2.0, 0.0]]
+    left = dict(batch, attention_mask=torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1]]))
+    with pytest.raises(ValueError, match="padding_side: right"):
+        pack_group(left, [3, 2])
+    with pytest.raises(ValueError, match="2 lengths for a batch of 2 rows|3 lengths"):
+        pack_group(batch, [3, 2, 1])
+
+
+def test_refusal_names_the_supported_models():
+    assert padding_free_refusal("qwen3_vl") is None
+    assert "gemma3" in padding_free_refusal("gemma3") and "odb_padding_free: false" in padding_free_refusal("gemma3")
