@@ -7,11 +7,12 @@ the settings, calibration and ablations that share a world size share the schedu
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, Optional
 
 from . import methods as M
 from . import paper
-from .simulate import Features, check_ledger, evaluate, explain, features
+from .simulate import Features, Result, check_ledger, evaluate, explain, features
 from .step_model import H20_1NODE, H20_2NODES, MODELS, StepModel, build_step_model
 from .workloads import Profile
 
@@ -69,6 +70,10 @@ def common_schedules(lab: Lab, p: Profile, world: int, only=None) -> Dict[str, t
     add("standard", lambda: M.standard(p, world, 1, seed))
     add("odb", lambda: M.odb(p, world, b, True, BUFFER, seed))
     add("odb_nonjoin", lambda: M.odb(p, world, b, False, BUFFER, seed))
+    add("odb_pf", lambda: M.odb(p, world, b, True, BUFFER, seed, cost_mode="packed", name="odb_pf"))
+    add("odb_global", lambda: M.odb(p, world, b, True, BUFFER, seed, name="odb_global", global_grouping=True))
+    add("odb_pf_global", lambda: M.odb(p, world, b, True, BUFFER, seed, cost_mode="packed", name="odb_pf_global",
+                                       global_grouping=True))
     add("gmt", lambda: M.gmt(p, world, b, seed))
     add("bmt", lambda: M.bmt(p, world, b, seed))
     if p.text_only:
@@ -102,6 +107,18 @@ def batch_schedules(lab: Lab, p: Profile, world: int, bs: int, only=None) -> Dic
     return keys
 
 
+def limit_result(r: Result) -> Result:
+    """The limit for a padding-free schedule: every step's work (its padding-free LLM and vision
+    cost, per-rank constants included) spread perfectly over the ranks, max = mean, with the same
+    micro-steps, optimizer steps and fixed costs."""
+    time_s = r.mean_rank_s + r.fixed_s
+    return dataclasses.replace(
+        r, method="limit", time_s=time_s, samples_per_s=None if r.oom else r.samples / time_s,
+        tokens_per_s=None if r.oom else r.tokens_per_s * r.time_s / time_s, padding_ratio=0.0,
+        max_over_lb=1.0, max_over_mean=1.0, max_rank_s=r.mean_rank_s,
+        note=f"{r.method}'s work, perfectly balanced")
+
+
 def evaluate_row(lab: Lab, p: Profile, model: str, setting: str, mfu: float) -> dict:
     """Every method on one workload under one model and setting, with the paper's figure and
     the decomposition that explains the difference (`simulate.explain`) where there is one."""
@@ -114,13 +131,20 @@ def evaluate_row(lab: Lab, p: Profile, model: str, setting: str, mfu: float) -> 
     lab.schedule(bal_key, lambda: M.post_balance(lab.schedules[keys["odb"]], p, m.token_cost,
                                                  m.cap_tokens, hw.gpus_per_node), len(p))
     keys["odb_balanced"] = bal_key
-    if not p.text_only:
-        key2 = ("odb_balanced_2stage", p.name, world, model, mode)
-        lab.schedule(key2, lambda: M.Schedule(
-            "odb_balanced_2stage", world, lab.schedules[bal_key].steps,
-            note=lab.schedules[bal_key].note + " + encoder stage",
+    if "odb_pf" in keys:
+        pf_key = ("odb_pf_balanced", p.name, world, model, mode)
+        lab.schedule(pf_key, lambda: M.post_balance(lab.schedules[keys["odb_pf"]], p, m.token_cost,
+                                                    m.cap_tokens, hw.gpus_per_node, mode="lpt"), len(p))
+        keys["odb_pf_balanced"] = pf_key
+    for name, source in (("odb_balanced_2stage", bal_key), ("odb_pf_balanced_2stage", keys.get("odb_pf_balanced"))):
+        if p.text_only or source is None:
+            continue
+        key2 = (name, p.name, world, model, mode)
+        lab.schedule(key2, lambda source=source, name=name: M.Schedule(
+            name, world, lab.schedules[source].steps, cost_mode=lab.schedules[source].cost_mode,
+            note=lab.schedules[source].note + " + encoder stage",
             extra={"encoder_balanced": True}), len(p))
-        keys["odb_balanced_2stage"] = key2
+        keys[name] = key2
     if not p.text_only:
         tkey = ("gmt_textcache", p.name, world, m.cap_tokens)
         if tkey not in lab.schedules:
@@ -135,6 +159,8 @@ def evaluate_row(lab: Lab, p: Profile, model: str, setting: str, mfu: float) -> 
         f = lab.features(key, p)
         if f is not None:
             results[name] = evaluate(f, p, m)
+    if "odb_pf_global" in results:
+        results["limit"] = limit_result(results["odb_pf_global"])
     fig = paper.figure_for(p.name, model, setting)
     row = {"workload": p.name, "model": model, "setting": setting, "setting_label": label,
            "cv": p.cv, "f_s": p.short_fraction, "results": results, "paper": fig, "safe_bs": bs,

@@ -23,6 +23,15 @@ Methods (bench/README.md explains each and its knobs):
                     rank's share packed into token-budgeted micro-batches, counts aligned
   odb_balanced      ODB, then every step re-balanced across ranks with odb_factory.balance
   odb_balanced_2stage  the same plus the step's images re-balanced for the vision encoder
+  odb_global        ODB with global grouping (`odb_global_grouping: true`): each round's groups
+                    formed over every rank's samples, a step's groups of neighbouring cost
+  odb_pf_global     both
+  odb_pf            ODB with padding-free groups (`odb_padding_free: true`): budget on real
+                    tokens, a group costs sum(len) and sum(len**2) (varlen attention)
+  odb_pf_balanced   odb_pf, every step re-balanced with LPT on a*len + b*len**2 (+ encoder
+                    stage on multimodal workloads: odb_pf_balanced_2stage)
+  limit             not a schedule: odb_pf_global's work spread perfectly over the ranks of
+                    every step (max = mean), with the same fixed costs (bench.lab.limit_result)
 """
 
 from __future__ import annotations
@@ -246,10 +255,14 @@ def peer(p: Profile, world: int, budget: int, buffer_size: int = 256, seed: int 
 
 # ----------------------------------------------------------------------------- ODB
 def odb(p: Profile, world: int, budget: int, join: bool = True, buffer_size: int = 256,
-        seed: int = 0, costs: Optional[List[SampleCost]] = None) -> Schedule:
-    """odb_factory's planner for a whole world (`simulate_epoch`, the loader's own code)."""
-    cfg = ODBConfig(token_budget=budget, join=join, buffer_size=buffer_size, seed=seed)
-    return groups_schedule(costs or costs_of(p), cfg, world, "odb" if join else "odb_nonjoin")
+        seed: int = 0, costs: Optional[List[SampleCost]] = None, cost_mode: str = "padded",
+        name: Optional[str] = None, global_grouping: bool = False, ranks_per_node: int = 8) -> Schedule:
+    """odb_factory's planner for a whole world (`simulate_epoch`, the loader's own code);
+    cost_mode "packed": padding-free groups; global_grouping: each round's groups formed over
+    every rank's samples."""
+    cfg = ODBConfig(token_budget=budget, join=join, buffer_size=buffer_size, seed=seed, cost_mode=cost_mode,
+                    global_grouping=global_grouping, ranks_per_node=ranks_per_node)
+    return groups_schedule(costs or costs_of(p), cfg, world, name or ("odb" if join else "odb_nonjoin"))
 
 
 def odb_samples(standard_schedule: Schedule, p: Profile, budget: int) -> Schedule:
@@ -260,7 +273,7 @@ def odb_samples(standard_schedule: Schedule, p: Profile, budget: int) -> Schedul
 
 
 def post_balance(s: Schedule, p: Profile, token_cost: Callable, cap_tokens: int,
-                 ranks_per_node: int = 8, encoder_stage: bool = False) -> Schedule:
+                 ranks_per_node: int = 8, encoder_stage: bool = False, mode: str = "padded") -> Schedule:
     """Re-balance every micro-step's samples across ranks with odb_factory.balance (padded
     mode: rank cost = count * g(longest), exact min-max under the memory cap in padded
     tokens), then keep the plan; the slowest rank still sets the step in the simulation.
@@ -268,7 +281,9 @@ def post_balance(s: Schedule, p: Profile, token_cost: Callable, cap_tokens: int,
     The LLM cost alone is balanced, so a rank that receives many short samples also receives
     their images. `encoder_stage=True` marks the schedule so the simulation also re-balances
     each step's images across ranks for the vision encoder on their own (OrchMLLM's
-    per-stage balance: the vision stage and the LLM stage each wait for their slowest rank)."""
+    per-stage balance: the vision stage and the LLM stage each wait for their slowest rank).
+    mode "lpt" (padding-free schedules): rank cost = sum of token_cost(len), LPT, uncapped, as the
+    loader runs it for packed budgets."""
     from odb_factory.balance import balance
 
     steps, ratios = [], []
@@ -278,11 +293,16 @@ def post_balance(s: Schedule, p: Profile, token_cost: Callable, cap_tokens: int,
             steps.append(step)
             continue
         costs = [token_cost(l) for l in lengths]
-        plan = balance(costs, ranks_per_node, "padded", lengths_per_rank=lengths,
-                       cost_model=token_cost, max_padded_tokens_per_rank=float(cap_tokens))
+        try:
+            plan = balance(costs, ranks_per_node, mode, lengths_per_rank=lengths,
+                           cost_model=token_cost if mode == "padded" else None,
+                           max_padded_tokens_per_rank=float(cap_tokens) if mode == "padded" else None)
+        except ValueError:  # infeasible under the cap: the step runs as aligned (as the loader does)
+            steps.append(step)
+            continue
         steps.append([_arr([step[src][pos] for src, pos in dest]) for dest in plan.destinations])
         ratios.append(plan.max_over_lb)
     name = s.method + ("_balanced_2stage" if encoder_stage else "_balanced")
-    note = s.note + ", post-balanced (padded, memory cap)" + (" + encoder stage" if encoder_stage else "")
+    note = s.note + f", post-balanced ({mode}, memory cap)" + (" + encoder stage" if encoder_stage else "")
     return Schedule(name, s.world, steps, s.accumulation, s.cost_mode, s.expected_samples, note,
                     extra={"max_over_lb": ratios, "encoder_balanced": encoder_stage})

@@ -16,7 +16,7 @@ from .ablations import PREP_IMAGE_S, PREP_TEXT_S, WORKERS
 from .lab import BUFFER, SETTINGS, step_model_for
 from .paper import TOLERANCE_TEXT
 from .step_model import describe
-from .tables import detail_rows, detail_table, main_table, md_table, write_csv
+from .tables import detail_rows, detail_table, main_table, md_table, standing_summary, standing_table, write_csv
 from .workloads import Profile
 
 FULL_OVERLAP = 0.99   # steady-state overlap that counts as "the trainer never waits"
@@ -164,6 +164,13 @@ def report_markdown(res: BenchResults) -> str:
         "Assumptions and sources: bench/README.md.",
         "## Main table — Qwen3-VL-8B, 1 node, full FT (samples/s and speedup)",
         main_table(res.headline),
+        "## Where ODB stands, every row (computed)",
+        "Fastest ODB variant against the fastest other method of the same row (OOM excluded; the "
+        "limit is a bound, not a method): padded ODB's padding share and max/LB after "
+        "post-balancing, and padding-free ODB against the limit (its own work perfectly balanced, "
+        "the same fixed costs).", "",
+        standing_summary(res.rows), "",
+        standing_table(res.rows),
         "## Paper figures beside ours",
         cmp.paper_side_by_side(res.rows), "", cmp.range_check(res.rows),
         cmp.oracle_summary(res.rows),

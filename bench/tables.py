@@ -28,6 +28,12 @@ METHODS: List[Tuple[str, str]] = [
     ("odb_nonjoin", "ODB non-join"),
     ("odb_balanced", "ODB + post-balancing"),
     ("odb_balanced_2stage", "ODB + post-bal. + encoder stage"),
+    ("odb_global", "ODB global grouping"),
+    ("odb_pf", "ODB padding-free"),
+    ("odb_pf_global", "ODB padding-free + global grouping"),
+    ("odb_pf_balanced", "ODB padding-free + post-bal."),
+    ("odb_pf_balanced_2stage", "ODB padding-free + post-bal. + encoder stage"),
+    ("limit", "limit (padding-free, perfectly balanced)"),
 ]
 LABEL = dict(METHODS)
 BASELINE = "standard"
@@ -110,6 +116,65 @@ def main_table(rows: Sequence[Mapping]) -> str:
                       if fig and ours else "—")
         out.append(d)
     return md_table(out, cols)
+
+
+ODB_VARIANTS = ("odb", "odb_nonjoin", "odb_balanced", "odb_balanced_2stage", "odb_global", "odb_pf",
+                "odb_pf_global", "odb_pf_balanced", "odb_pf_balanced_2stage")
+NOT_COMPARED = ("limit",)  # a bound, not a method
+
+
+def _fastest(results: Mapping, names) -> Tuple[Optional[str], Optional[float]]:
+    best = [(r.samples_per_s, k) for k, r in results.items() if k in names and r.samples_per_s is not None]
+    return (max(best)[1], max(best)[0]) if best else (None, None)
+
+
+def standing_rows(rows: Sequence[Mapping]) -> List[dict]:
+    """Per row: the fastest ODB variant against the fastest other method (any, OOM excluded),
+    the padded variants' least padding, max/LB of the balanced variants, and padding-free ODB
+    with global grouping against the limit."""
+    out = []
+    for r in rows:
+        res = r["results"]
+        ours, ours_sps = _fastest(res, ODB_VARIANTS)
+        other, other_sps = _fastest(res, [k for k in res if k not in ODB_VARIANTS + NOT_COMPARED])
+        padded = [res[k] for k in ("odb", "odb_balanced", "odb_global") if k in res]
+        pf = res.get("odb_pf_global")
+        limit = res.get("limit")
+        out.append({
+            "workload": r["workload"], "model": r["model"], "setting": r["setting_label"],
+            "best ODB": LABEL.get(ours, ours), "best other": LABEL.get(other, other),
+            "best ODB / best other": ours_sps / other_sps if ours and other else None,
+            "padded ODB: padding": min(x.padding_ratio for x in padded) if padded else None,
+            "max/LB: ODB post-bal.": res["odb_balanced"].max_over_lb if "odb_balanced" in res else None,
+            "max/LB: ODB global": res["odb_global"].max_over_lb if "odb_global" in res else None,
+            "max/LB: padding-free global": pf.max_over_lb if pf else None,
+            "padding-free / limit": (pf.samples_per_s / limit.samples_per_s
+                                     if pf and limit and pf.samples_per_s and limit.samples_per_s else None)})
+    return out
+
+
+def standing_table(rows: Sequence[Mapping]) -> str:
+    lines = standing_rows(rows)
+    return md_table(lines, [(k, k) for k in lines[0]]) if lines else "(no rows)"
+
+
+def standing_summary(rows: Sequence[Mapping]) -> str:
+    """Counts and extremes computed from `standing_rows`, for the report's text."""
+    lines = [x for x in standing_rows(rows) if x["best ODB / best other"] is not None]
+    if not lines:
+        return ""
+    worst = min(lines, key=lambda x: x["best ODB / best other"])
+    behind = [x for x in lines if x["best ODB / best other"] < 0.99]
+    pf = [x["padding-free / limit"] for x in lines if x["padding-free / limit"] is not None]
+    text = (f"The fastest ODB variant is ≥ 0.99× the fastest other method in {len(lines) - len(behind)} of "
+            f"{len(lines)} rows; the lowest ratio is {worst['best ODB / best other']:.3f}× "
+            f"({worst['workload']}, {worst['model']}, {worst['setting']}: {worst['best other']}).")
+    if behind:
+        text += " Behind in: " + "; ".join(f"{x['workload']} {x['model']} {x['setting']} "
+                                          f"({x['best ODB / best other']:.3f}× {x['best other']})" for x in behind) + "."
+    if pf:
+        text += f" Padding-free ODB with global grouping reaches {min(pf):.3f}–{max(pf):.3f}× the limit."
+    return text
 
 
 def _range_text(setting: str) -> str:

@@ -9,7 +9,7 @@ computes the same plan from the same gathered costs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 from ..balance import QWEN3_VL_LLM, BalancePlan, StageCostModel, balance
 from ..cost import SampleCost
@@ -50,13 +50,3 @@ def plan_step(costs_per_rank: Sequence[Sequence[SampleCost]], spec: StepBalance)
         return balance(costs, **kwargs)
     except ValueError:
         return None  # infeasible under the caps
-
-
-def moves_by_source(plan: BalancePlan, rank: int) -> List[Tuple[int, int, int]]:
-    """(my position, destination rank, order at the destination) for my samples that move."""
-    out = []
-    for dest, sources in enumerate(plan.destinations):
-        for order, (src, pos) in enumerate(sources):
-            if src == rank and dest != rank:
-                out.append((pos, dest, order))
-    return out

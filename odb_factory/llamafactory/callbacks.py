@@ -110,8 +110,8 @@ class ODBCallback(TrainerCallback):
         padded = w.get("padded_tokens", 0.0)
         balance = {f"odb/{k}": round(w[k] / max(1.0, w.get("rounds_seen", 0.0)), 4)
                    for k in ("balance_max_over_lb_before", "balance_max_over_lb") if k in w}
-        balance.update({f"odb/{k}": w[k] for k in ("balance_bytes_intra_node", "balance_bytes_inter_node")
-                        if k in w})
+        balance.update({f"odb/{k}": w[k] for k in ("balance_bytes_intra_node", "balance_bytes_inter_node",
+                                                   "global_grouping_rounds") if k in w})
         return {
             **balance,
             "odb/padding_efficiency": round(w.get("input_tokens", 0.0) / padded, 4) if padded else 0.0,

@@ -319,13 +319,15 @@ class ODBDataLoader:
 
     def _rebalancer(self) -> Optional[StepRebalancer]:
         cfg = self.config
-        if not cfg.balance or self.world_size == 1:
+        if not (cfg.balance or cfg.global_grouping) or self.world_size == 1:
             return None
         spec = StepBalance(mode=cfg.balance_mode,
                            ranks_per_node=ranks_per_node(cfg.ranks_per_node, self.world_size),
                            token_cap=cfg.token_budget if cfg.cost_mode == "padded" else None,
                            tolerance=cfg.balance_tolerance, pad_to_multiple_of=cfg.pad_to_multiple_of)
-        return StepRebalancer(self.sync, spec, Budget.from_config(cfg))
+        return StepRebalancer(self.sync, spec if cfg.balance else None, Budget.from_config(cfg),
+                              global_grouping=cfg.global_grouping, seed=str(cfg.seed),
+                              ranks_per_node=spec.ranks_per_node)
 
     def _to_batch(self, plan: StepPlan, data: Any, wait_s: float) -> ODBBatch:
         cfg = self.config

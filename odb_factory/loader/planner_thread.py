@@ -234,7 +234,7 @@ class EpochPlanner:
         every = self._exchange([[s.cost for s in slot.samples] for slot in window], "step costs", number)
         payloads = self.store.payloads
         moved = self.rebalancer.rebalance(window, every, lambda uid: (payloads[uid], weights[uid]),
-                                          self.epoch)
+                                          self.epoch, step_totals=True)
         for uid in moved.sent_uids:
             del payloads[uid]
         for uid, (payload, weight) in moved.received.items():

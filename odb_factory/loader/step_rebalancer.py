@@ -1,8 +1,8 @@
-"""Post-balancing mechanism: re-deal each aligned step's samples across ranks.
+"""Re-layout mechanism: global grouping and post-balancing of each aligned round.
 
-Plans come from `balance/step_plan.py` (pure, identical on every rank); this file moves
-the pre-collate samples (token ids, labels, media paths: small) so that each lands on the
-rank that will collate and train it. Loss weights and ledgers follow the samples.
+Plans come from `planning/global_grouping.py` and `balance/step_plan.py` (pure, identical on
+every rank); this file moves the pre-collate samples (token ids, labels, media paths: small)
+so that each lands on the rank that will collate and train it. Loss weights and ledgers follow the samples.
 """
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..cost import SampleCost
 from ..planning.grouping import Budget, PlannedSample
-from ..balance.step_plan import StepBalance, moves_by_source, plan_step
+from ..balance.step_plan import StepBalance, plan_step
+from ..planning.global_grouping import Layout, apply_layout, regroup_round
 from ..planning.rounds import Slot
 from ..comm.object_exchange import exchange_objects
 from ..comm.channel import SyncChannel
@@ -29,65 +30,98 @@ class RebalancedRound:
 
 
 class StepRebalancer:
-    def __init__(self, sync: SyncChannel, spec: StepBalance, budget: Budget):
+    """Re-lays out an aligned round (groups mode) or optimizer step (samples mode): global
+    grouping (`planning/global_grouping.py`) re-forms its groups over every rank's samples,
+    post-balancing (`balance/step_plan.py`) re-deals each step's samples across ranks; one
+    exchange moves the samples that change rank."""
+
+    def __init__(self, sync: SyncChannel, spec: Optional[StepBalance], budget: Budget,
+                 global_grouping: bool = False, seed: str = "", ranks_per_node: int = 1):
         self.sync = sync
         self.spec = spec
         self.budget = budget
+        self.global_grouping = global_grouping
+        self.seed = seed
+        self.ranks_per_node = ranks_per_node
         self._uids = itertools.count(start=-1, step=-1)  # received samples: uids never used locally
 
     def node_of(self, rank: int) -> int:
-        return rank // self.spec.ranks_per_node
+        return rank // self.ranks_per_node
+
+    def plan(self, all_costs: Sequence[Sequence[Sequence[SampleCost]]], round_no: int,
+             epoch: int) -> Tuple[Layout, Dict[str, float]]:
+        """The layout every rank computes from the gathered costs, and its figures."""
+        world, slots = len(all_costs), len(all_costs[0]) if all_costs else 0
+        layout: Layout = [[[(r, p, i) for i in range(len(all_costs[r][p]))] for p in range(slots)]
+                          for r in range(world)]
+        metrics: Dict[str, float] = {}
+        started = time.perf_counter()
+        if self.global_grouping:
+            regrouped = regroup_round(all_costs, self.budget, self.ranks_per_node,
+                                      seed=f"{self.seed}:{epoch}:{round_no}")
+            metrics["global_grouping_rounds"] = float(regrouped is not None)
+            layout = regrouped or layout
+        if self.spec is not None:
+            costs = apply_layout(layout, all_costs)
+            plans = [plan_step([costs[r][p] for r in range(world)], self.spec) for p in range(slots)]
+            for p, plan in enumerate(plans):
+                if plan is not None:
+                    column = [layout[r][p] for r in range(world)]
+                    for r in range(world):
+                        layout[r][p] = [column[src][pos] for src, pos in plan.destinations[r]]
+            balanced = [p for p in plans if p is not None]
+            metrics.update({
+                "balance_max_over_lb_before": _mean(max(p.cost_before) / p.lower_bound if p.lower_bound else 1.0
+                                                    for p in balanced),
+                "balance_max_over_lb": _mean(p.max_over_lb for p in balanced),
+                "balance_unbalanced_steps": float(len(plans) - len(balanced))})
+        metrics["balance_planning_s"] = time.perf_counter() - started
+        return layout, metrics
 
     def rebalance(self, slots: List[Slot], all_costs: Sequence[Sequence[Sequence[SampleCost]]],
-                  payload_of: Callable[[Any], Any], epoch: int) -> RebalancedRound:
-        """New slots for this rank (same count, same global token counts), the payloads
-        that moved, and the round's balance metrics."""
+                  payload_of: Callable[[Any], Any], epoch: int, step_totals: bool = False) -> RebalancedRound:
+        """New slots for this rank (same count), the payloads that moved, and the figures.
+        step_totals: every slot carries its optimizer step's global counts (samples mode),
+        which a re-layout within the step leaves unchanged; otherwise each slot's are recounted."""
         me, world = self.sync.rank, self.sync.world_size
-        started = time.perf_counter()
-        plans = [plan_step([all_costs[r][p] for r in range(world)], self.spec) for p in range(len(slots))]
-        planning_s = time.perf_counter() - started
+        round_no = slots[0].round if slots else -1
+        layout, metrics = self.plan(all_costs, round_no, epoch)
         outgoing: List[List[Any]] = [[] for _ in range(world)]
         sent_uids = []
-        for p, plan in enumerate(plans):
-            if plan is None:
-                continue
-            for pos, dest, order in moves_by_source(plan, me):
-                sample = slots[p].samples[pos]
-                outgoing[dest].append((p, order, sample.index, sample.cost, payload_of(sample.uid)))
-                sent_uids.append(sample.uid)
-        round_no = slots[0].round if slots else -1
+        for dest in range(world):
+            for q, sources in enumerate(layout[dest]):
+                for order, (src, p, pos) in enumerate(sources):
+                    if src == me and dest != me:
+                        sample = slots[p].samples[pos]
+                        outgoing[dest].append((q, order, sample.index, sample.cost, payload_of(sample.uid)))
+                        sent_uids.append(sample.uid)
         incoming, sent = exchange_objects(self.sync, outgoing, "balance", epoch, round_no)
-        received = {(p, order): (index, cost, payload)
-                    for items in incoming for (p, order, index, cost, payload) in items}
+        received = {(q, order): (index, cost, payload)
+                    for items in incoming for (q, order, index, cost, payload) in items}
+        costs = apply_layout(layout, all_costs)
         new_slots, arrived = [], {}
-        for p, (slot, plan) in enumerate(zip(slots, plans)):
-            if plan is None:
-                new_slots.append(slot)
-                continue
+        for q, (slot, sources) in enumerate(zip(slots, layout[me])):
             samples = []
-            for order, (src, pos) in enumerate(plan.destinations[me]):
+            for order, (src, p, pos) in enumerate(sources):
                 if src == me:
-                    samples.append(slot.samples[pos])
+                    samples.append(slots[p].samples[pos])
                 else:
-                    index, cost, payload = received.pop((p, order))
+                    index, cost, payload = received.pop((q, order))
                     uid = next(self._uids)
                     arrived[uid] = payload
                     samples.append(PlannedSample(uid, index, cost))
-            new_slots.append(Slot(tuple(samples), slot.round, slot.position, slot.global_label_tokens,
-                                  slot.global_samples, self.budget.group_cost(samples)))
+            if step_totals:
+                label_tokens, num_samples = slot.global_label_tokens, slot.global_samples
+            else:
+                label_tokens = sum(c.label_tokens for rank in costs for c in rank[q])
+                num_samples = sum(len(rank[q]) for rank in costs)
+            new_slots.append(Slot(tuple(samples), slot.round, slot.position, label_tokens, num_samples,
+                                  self.budget.group_cost(samples)))
         if received:
             raise RuntimeError(f"rank {me}: {len(received)} received samples have no place in the plan")
-        balanced = [p for p in plans if p is not None]
         intra = sum(b for d, b in enumerate(sent) if self.node_of(d) == self.node_of(me))
-        metrics = {
-            "balance_max_over_lb_before": _mean(max(p.cost_before) / p.lower_bound if p.lower_bound else 1.0
-                                                for p in balanced),
-            "balance_max_over_lb": _mean(p.max_over_lb for p in balanced),
-            "balance_bytes_intra_node": float(intra),
-            "balance_bytes_inter_node": float(sum(sent) - intra),
-            "balance_unbalanced_steps": float(len(plans) - len(balanced)),
-            "balance_planning_s": planning_s,
-        }
+        metrics.update({"balance_bytes_intra_node": float(intra),
+                        "balance_bytes_inter_node": float(sum(sent) - intra)})
         return RebalancedRound(new_slots, sent_uids, arrived, metrics)
 
 

@@ -12,6 +12,7 @@ from typing import Iterable, List, Optional, Sequence
 
 from ..config import ODBConfig
 from ..cost import SampleCost
+from .global_grouping import regroup_slots
 from .grouping import Budget, PlannedSample
 from .rounds import RankPlanner, RoundStats, Slot
 from .views import cycling_view, epoch_view
@@ -75,9 +76,13 @@ def simulate_epoch(costs: Sequence[SampleCost], config: ODBConfig, world_size: i
         costs = [p.plan_round(statuses) for p in planners]
         if planners[0].finished:
             break
-        for rank, p in enumerate(planners):
-            result = p.close_round(costs)
-            slots[rank].extend(result.slots)
+        results = [p.close_round(costs) for p in planners]
+        round_slots = [r.slots for r in results]
+        if config.global_grouping and round_slots[0]:
+            round_slots = regroup_slots(round_slots, budget, config.ranks_per_node or world_size,
+                                        seed=f"{config.seed}:{epoch}:{results[0].stats.round}")
+        for rank, result in enumerate(results):
+            slots[rank].extend(round_slots[rank])
             stats[rank].append(result.stats)
         if planners[0].finished:
             break

@@ -1,4 +1,4 @@
-"""plan_step / moves_by_source (one aligned step's post-balancing) against hand-computed plans."""
+"""plan_step (one aligned step's post-balancing) against hand-computed plans."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 
 from odb_factory import SampleCost
-from odb_factory.balance import QWEN3_VL_LLM, BalancePlan, StageCostModel
-from odb_factory.balance.step_plan import BYTES_PER_TOKEN, StepBalance, moves_by_source, plan_step
+from odb_factory.balance import QWEN3_VL_LLM, StageCostModel
+from odb_factory.balance.step_plan import BYTES_PER_TOKEN, StepBalance, plan_step
 
 IDENTITY = StageCostModel(0.0, 1.0, 0.0)   # cost = padded length
 
@@ -81,11 +81,3 @@ def test_an_empty_step_has_no_plan():
     assert plan_step([], StepBalance()) is None
 
 
-def test_moves_by_source_lists_my_leaving_samples_with_their_place_at_the_destination():
-    plan = BalancePlan(mode="lpt", placement="naive",
-                       destinations=[[(0, 0), (1, 1)], [(0, 1), (1, 0), (0, 2)], [(2, 0)]],
-                       cost_before=[0.0] * 3, cost_per_rank=[0.0] * 3, lower_bound=0.0,
-                       bytes_moved=0.0, bytes_intra_node=0.0, bytes_inter_node=0.0)
-    assert moves_by_source(plan, 0) == [(1, 1, 0), (2, 1, 2)]
-    assert moves_by_source(plan, 1) == [(1, 0, 1)]
-    assert moves_by_source(plan, 2) == []

@@ -1,0 +1,166 @@
+"""Global grouping: one round's groups formed over the union of every rank's samples.
+
+Each rank forms its groups from its own window, so the ranks of one step hold unrelated
+lengths and the step waits for the slowest. After alignment every rank knows every rank's
+samples of the round (their costs are gathered anyway), so every rank can compute the same
+new layout of the round's T x W slots: the union sorted and cut into T*W groups of minimal
+maximum cost within the budget, the W groups of one step taken from neighbouring runs (equal
+cost, similar lengths), each group placed on the rank that already holds most of its bytes
+(node-aware assignment, the post-balancing placement). The samples then move to the rank that
+trains them before collation (loader/step_rebalancer.py).
+
+The round keeps its T steps and every sample (a permutation of the slots' contents), so the
+alignment guarantees hold: equal steps on every rank, join coverage, the non-join quota.
+Pure and deterministic: every rank computes the same layout from the same gathered costs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..balance.caps import Caps
+from ..balance.cost_model import QWEN3_VL_LLM, StageCostModel
+from ..balance.padded import padded_groups
+from ..balance.placement import place
+from ..balance.step_plan import BYTES_PER_TOKEN
+from ..cost import SampleCost
+from .grouping import Budget, PlannedSample
+from .rounds import Slot
+
+Source = Tuple[int, int, int]          # (rank, slot, position) of a sample in the aligned round
+Layout = List[List[List[Source]]]      # layout[rank][slot]: the sources of that slot's samples
+
+
+def regroup_round(costs: Sequence[Sequence[Sequence[SampleCost]]], budget: Budget,
+                  ranks_per_node: int = 1, cost_model: StageCostModel = QWEN3_VL_LLM,
+                  seed: Optional[str] = None) -> Optional[Layout]:
+    """The round's new layout, or None when its samples do not fit T*W groups within the
+    budget (the round then trains as aligned).
+
+    costs[rank][slot]: the samples each rank trains in each slot of the aligned round (every
+    rank has the same number of slots). Padded budgets: the exact min-max partition of the
+    length-sorted union into contiguous runs (cost count * g(longest), capped at the budget);
+    packed budgets: LPT on g(len) under the budget's token sum. Over-budget samples stay alone.
+    seed: the steps of the round are shuffled with it (None: longest step first)."""
+    world = len(costs)
+    slots = len(costs[0]) if world else 0
+    if any(len(rank) != slots for rank in costs):
+        raise ValueError(f"regroup_round: ranks hold different slot counts {[len(r) for r in costs]}")
+    sources = [(r, p, i) for r in range(world) for p in range(slots) for i in range(len(costs[r][p]))]
+    if len(sources) < slots or not sources:
+        return None  # fewer samples than steps: alignment never plans that
+    samples = [costs[r][p][i] for r, p, i in sources]
+    tokens = np.array([budget.padded_length(c.input_tokens) if budget.cost_mode == "padded"
+                       else c.input_tokens for c in samples], dtype=np.float64)
+    alone = [k for k in range(len(samples)) if tokens[k] > budget.token_budget]
+    rest = np.array([k for k in range(len(samples)) if tokens[k] <= budget.token_budget], dtype=np.int64)
+    bins = world * slots - len(alone)
+    if bins < (1 if rest.size else 0):
+        return None
+    if budget.cost_mode == "padded":
+        groups = _padded(rest, tokens, bins, budget, cost_model)
+    else:
+        groups = _packed(rest, tokens, bins, budget, cost_model)
+    if groups is None:
+        return None
+    groups = [[k] for k in alone] + groups
+    planned = [[PlannedSample(k, 0, samples[k]) for k in g] for g in groups]
+    if not all(budget.fits(g) for g, members in zip(planned, groups) if len(members) > 1):
+        return None  # another cap (vision patches) rules this partition out
+    return _layout(groups, samples, tokens, sources, world, slots, ranks_per_node, cost_model, seed,
+                   padded=budget.cost_mode == "padded")
+
+
+def _padded(rest: np.ndarray, tokens: np.ndarray, bins: int, budget: Budget,
+            cost_model: StageCostModel) -> Optional[List[List[int]]]:
+    lengths = tokens[rest]
+    unit = np.asarray(cost_model(lengths), dtype=np.float64)
+    try:
+        local = padded_groups(unit, bins, Caps(max_padded_tokens=float(budget.token_budget)), lengths)
+    except ValueError:  # T*W groups cannot hold the round within the budget
+        return None
+    return [rest[g].tolist() for g in local]
+
+
+def _packed(rest: np.ndarray, tokens: np.ndarray, bins: int, budget: Budget,
+            cost_model: StageCostModel) -> Optional[List[List[int]]]:
+    """LPT: costliest first onto the least-loaded group with room for its tokens."""
+    cost = np.asarray(cost_model(tokens[rest]), dtype=np.float64)
+    heap = [(0.0, b) for b in range(bins)]
+    room = [float(budget.token_budget)] * bins
+    groups: List[List[int]] = [[] for _ in range(bins)]
+    for j in np.argsort(-cost, kind="stable").tolist():
+        skipped = []
+        while heap and room[heap[0][1]] < tokens[rest[j]]:
+            skipped.append(heapq.heappop(heap))
+        if not heap:
+            return None
+        load, b = heapq.heappop(heap)
+        groups[b].append(int(rest[j]))
+        room[b] -= tokens[rest[j]]
+        heapq.heappush(heap, (load + float(cost[j]), b))
+        for item in skipped:
+            heapq.heappush(heap, item)
+    return groups
+
+
+def _layout(groups: List[List[int]], samples: Sequence[SampleCost], tokens: np.ndarray,
+            sources: Sequence[Source], world: int, slots: int, ranks_per_node: int,
+            cost_model: StageCostModel, seed: Optional[str], padded: bool) -> Layout:
+    """Steps of W groups of neighbouring cost; each step's groups placed on ranks."""
+    def group_cost(g: List[int]) -> float:
+        if not g:
+            return 0.0
+        if padded:  # what a padding collator computes: every row as long as the longest
+            return len(g) * float(cost_model(float(tokens[g].max())))
+        return float(np.sum(cost_model(tokens[g])))
+    groups = sorted((g for g in groups if g), key=lambda g: (-group_cost(g), g))
+    while len(groups) < slots:  # every step trains something: split the largest group
+        largest = max(range(len(groups)), key=lambda k: len(groups[k]))
+        g = groups.pop(largest)
+        half = len(g) // 2
+        groups = sorted(groups + [g[:half], g[half:]], key=lambda g: (-group_cost(g), g))
+    steps = []
+    for s in range(slots):  # neighbouring groups, keeping at least one for each later step
+        take = min(world, len(groups) - (slots - s - 1))
+        steps.append(groups[:take] + [[] for _ in range(world - take)])
+        groups = groups[take:]
+    if seed is not None:
+        random.Random(seed).shuffle(steps)
+    src_rank = np.array([s[0] for s in sources], dtype=np.int64)
+    size = np.array([c.input_tokens * BYTES_PER_TOKEN for c in samples], dtype=np.float64)
+    layout: Layout = [[[] for _ in range(slots)] for _ in range(world)]
+    for slot, step in enumerate(steps):
+        rank_of = place(step, src_rank, size, world, ranks_per_node, "assignment")
+        for g, members in enumerate(step):
+            layout[int(rank_of[g])][slot] = [sources[k] for k in members]
+    return layout
+
+
+def apply_layout(layout: Layout, slots_per_rank: Sequence[Sequence[Sequence]]) -> List[List[List]]:
+    """What the layout puts in each (rank, slot): any per-sample items, moved."""
+    return [[[slots_per_rank[r][p][i] for r, p, i in slot] for slot in rank] for rank in layout]
+
+
+def regroup_slots(slots: Sequence[Sequence[Slot]], budget: Budget, ranks_per_node: int = 1,
+                  seed: Optional[str] = None) -> List[List[Slot]]:
+    """One aligned round of a whole world (slots[rank][slot]) re-laid out in one process, as
+    every rank's loader does with its exchange: the simulation's and the tests' path."""
+    costs = [[[s.cost for s in slot.samples] for slot in rank] for rank in slots]
+    layout = regroup_round(costs, budget, ranks_per_node, seed=seed)
+    if layout is None:
+        return [list(rank) for rank in slots]
+    samples = apply_layout(layout, [[slot.samples for slot in rank] for rank in slots])
+    out = []
+    for rank, rank_slots in zip(samples, slots):
+        row = []
+        for q, (members, old) in enumerate(zip(rank, rank_slots)):
+            step = [m for r in samples for m in r[q]]
+            row.append(Slot(tuple(members), old.round, old.position, sum(m.cost.label_tokens for m in step),
+                            len(step), budget.group_cost(members)))
+        out.append(row)
+    return out
