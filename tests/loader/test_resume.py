@@ -12,23 +12,24 @@ from tests.helpers.distributed import run_world
 N = 157
 
 
-def _make(join, workers):
+def _make(join, workers, global_grouping=False):
     from odb_factory import ODBConfig, ODBDataLoader
     from odb_factory.synthetic import LengthDataset, long_tail_lengths, pad_collate
     ds = LengthDataset(long_tail_lengths(N, cv=1.0, mean=50, seed=5, maximum=600))
-    cfg = ODBConfig(token_budget=400, join=join, buffer_size=24, outstanding_depth=3)
+    cfg = ODBConfig(token_budget=400, join=join, buffer_size=24, outstanding_depth=3,
+                    global_grouping=global_grouping)
     return ODBDataLoader(ds, cfg, collate_fn=pad_collate, num_workers=workers)
 
 
-def _uninterrupted(rank, world, join, workers):
-    loader = _make(join, workers)
+def _uninterrupted(rank, world, join, workers, global_grouping=False):
+    loader = _make(join, workers, global_grouping)
     out = [i for step in loader for i in step.indices]
     loader.close()
     return out
 
 
-def _first_part(rank, world, join, workers, stop_after, state_dir):
-    loader = _make(join, workers)
+def _first_part(rank, world, join, workers, stop_after, state_dir, global_grouping=False):
+    loader = _make(join, workers, global_grouping)
     out = []
     for step in loader:
         out += step.indices
@@ -39,8 +40,8 @@ def _first_part(rank, world, join, workers, stop_after, state_dir):
     return out
 
 
-def _second_part(rank, world, join, workers, state_dir):
-    loader = _make(join, workers)
+def _second_part(rank, world, join, workers, state_dir, global_grouping=False):
+    loader = _make(join, workers, global_grouping)
     loader.load_state_dict(pickle.loads(Path(state_dir, f"rank{rank}.pkl").read_bytes()))
     out = [i for step in loader for i in step.indices]
     loader.set_epoch(1)
@@ -49,12 +50,13 @@ def _second_part(rank, world, join, workers, state_dir):
     return out, next_epoch
 
 
-@pytest.mark.parametrize("join,workers", [(True, 1), (False, 0)])
-def test_resume_mid_epoch(tmp_path, join, workers):
+# global grouping: samples change rank before they are trained; a resume skips what any rank trained
+@pytest.mark.parametrize("join,workers,global_grouping", [(True, 1, False), (False, 0, False), (True, 1, True)])
+def test_resume_mid_epoch(tmp_path, join, workers, global_grouping):
     world = 2
-    full = run_world(_uninterrupted, world, join, workers)
-    first = run_world(_first_part, world, join, workers, 5, str(tmp_path))
-    second = run_world(_second_part, world, join, workers, str(tmp_path))
+    full = run_world(_uninterrupted, world, join, workers, global_grouping)
+    first = run_world(_first_part, world, join, workers, 5, str(tmp_path), global_grouping)
+    second = run_world(_second_part, world, join, workers, str(tmp_path), global_grouping)
     before = [i for part in first for i in part]
     after = [i for part, _ in second for i in part]
     assert len(before) > 0 and len(after) > 0

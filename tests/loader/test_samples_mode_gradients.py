@@ -52,7 +52,7 @@ def _standard_grads(world, batch_size, accumulation, normalization):
     return out
 
 
-def _odb_rank(rank, world, batch_size, accumulation, normalization, budget, balance=False):
+def _odb_rank(rank, world, batch_size, accumulation, normalization, budget, relayout=""):
     import torch
     import torch.distributed as dist
     from odb_factory import ODBConfig, ODBDataLoader
@@ -60,7 +60,7 @@ def _odb_rank(rank, world, batch_size, accumulation, normalization, budget, bala
     from odb_factory.synthetic import pad_collate
     cfg = ODBConfig(step_mode="samples", loss_scaling=normalization, token_budget=budget,
                     standard_batch_size=batch_size, gradient_accumulation_steps=accumulation,
-                    balance=balance, balance_mode="lpt")
+                    balance="balance" in relayout, balance_mode="lpt", global_grouping="global" in relayout)
     loader = ODBDataLoader(_dataset(), cfg, collate_fn=pad_collate)
     model = _model()
     steps, indices, micro = [], [], 0
@@ -79,17 +79,19 @@ def _odb_rank(rank, world, batch_size, accumulation, normalization, budget, bala
     return steps
 
 
-@pytest.mark.parametrize("world,batch_size,accumulation,normalization,budget,balance", [
-    (2, 1, 4, "micro_mean", 256, False),
-    (2, 2, 3, "exact", 384, False),
-    (3, 2, 2, "micro_mean", 300, False),
-    (3, 2, 3, "micro_mean", 600, True),     # post-balanced: samples move, their weights with them
+@pytest.mark.parametrize("world,batch_size,accumulation,normalization,budget,relayout", [
+    (2, 1, 4, "micro_mean", 256, ""),
+    (2, 2, 3, "exact", 384, ""),
+    (3, 2, 2, "micro_mean", 300, ""),
+    (3, 2, 3, "micro_mean", 600, "balance"),  # post-balanced: samples move, their weights with them
+    (3, 2, 3, "exact", 600, "global"),        # global grouping over the step's samples
+    (2, 2, 4, "micro_mean", 300, "global+balance"),
 ])
 def test_samples_mode_step_equals_the_fixed_batch_step(world, batch_size, accumulation, normalization, budget,
-                                                       balance):
+                                                       relayout):
     import torch
     standard = _standard_grads(world, batch_size, accumulation, normalization)
-    ranks = run_world(_odb_rank, world, batch_size, accumulation, normalization, budget, balance, timeout=240)
+    ranks = run_world(_odb_rank, world, batch_size, accumulation, normalization, budget, relayout, timeout=240)
     assert all(len(r) == len(standard) for r in ranks), "a different number of optimizer steps"
     packed = 0
     for k, (indices, reference) in enumerate(standard):
@@ -100,9 +102,9 @@ def test_samples_mode_step_equals_the_fixed_batch_step(world, batch_size, accumu
         assert float((got - reference).norm() / reference.norm()) < 1e-10, f"step {k}"
         packed += micro.pop() < accumulation
     assert packed > 0, "no step was packed into fewer micro-batches than the fixed-batch run"
-    if balance:  # post-balancing must have moved samples off the rank Standard gives them
+    if relayout:  # the re-layout must have moved samples off the rank Standard gives them
         from odb_factory.planning.optimizer_steps import fixed_batch_steps
         plans = [fixed_batch_steps(N, world, r, batch_size, accumulation, seed=0, epoch=0) for r in range(world)]
         moved = sum(len(set(ranks[r][k][0]) - set(plans[r][k].indices))
                     for r in range(world) for k in range(len(standard)))
-        assert moved > 0, "post-balancing moved no sample"
+        assert moved > 0, f"{relayout} moved no sample"
