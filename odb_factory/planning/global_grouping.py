@@ -68,9 +68,9 @@ def regroup_round(costs: Sequence[Sequence[Sequence[SampleCost]]], budget: Budge
     if groups is None:
         return None
     groups = [[k] for k in alone] + groups
-    planned = [[PlannedSample(k, 0, samples[k]) for k in g] for g in groups]
-    if not all(budget.fits(g) for g, members in zip(planned, groups) if len(members) > 1):
-        return None  # another cap (vision patches) rules this partition out
+    if budget.max_vision_patches is not None and not all(
+            budget.fits([PlannedSample(k, 0, samples[k]) for k in g]) for g in groups if len(g) > 1):
+        return None  # the vision-patch cap rules this partition out
     return _layout(groups, samples, tokens, sources, world, slots, ranks_per_node, cost_model, seed,
                    padded=budget.cost_mode == "padded")
 
@@ -90,19 +90,21 @@ def _packed(rest: np.ndarray, tokens: np.ndarray, bins: int, budget: Budget,
             cost_model: StageCostModel) -> Optional[List[List[int]]]:
     """LPT: costliest first onto the least-loaded group with room for its tokens."""
     cost = np.asarray(cost_model(tokens[rest]), dtype=np.float64)
+    order = np.argsort(-cost, kind="stable")
     heap = [(0.0, b) for b in range(bins)]
     room = [float(budget.token_budget)] * bins
     groups: List[List[int]] = [[] for _ in range(bins)]
-    for j in np.argsort(-cost, kind="stable").tolist():
+    # plain Python floats and ints in the loop: numpy scalars cost more than the heap
+    for sample, size, c in zip(rest[order].tolist(), tokens[rest[order]].tolist(), cost[order].tolist()):
         skipped = []
-        while heap and room[heap[0][1]] < tokens[rest[j]]:
+        while heap and room[heap[0][1]] < size:
             skipped.append(heapq.heappop(heap))
         if not heap:
             return None
         load, b = heapq.heappop(heap)
-        groups[b].append(int(rest[j]))
-        room[b] -= tokens[rest[j]]
-        heapq.heappush(heap, (load + float(cost[j]), b))
+        groups[b].append(sample)
+        room[b] -= size
+        heapq.heappush(heap, (load + c, b))
         for item in skipped:
             heapq.heappush(heap, item)
     return groups

@@ -94,6 +94,9 @@ def _all_schedules(p, world=4, bs=2):
            M.odb_samples(M.standard(p, world, 2, accumulation=4), p, b)]
     if p.text_only:
         out.append(M.packing(p, world, b))
+    out.append(M.odb(p, world, b, cost_mode="packed", name="odb_pf"))
+    out.append(M.odb(p, world, b, name="odb_global", global_grouping=True, ranks_per_node=2))
+    out.append(M.odb(p, world, b, cost_mode="packed", name="odb_pf_global", global_grouping=True))
     peer = M.peer(p, world, b)
     if peer is not None:
         out.append(peer)
@@ -313,6 +316,18 @@ def test_tiny_end_to_end_row():
     assert e["ours"] == pytest.approx(res["odb"].samples_per_s / res["standard"].samples_per_s)
     md = tables.main_table([row])
     assert "UltraChat-200K" in md and "ODB" in md
+    # the limit: odb_pf_global's own work with max = mean, so no schedule of that work is faster
+    assert {"odb_pf", "odb_global", "odb_pf_global", "limit"} <= set(res)
+    limit, pf = res["limit"], res["odb_pf_global"]
+    assert limit.samples_per_s >= pf.samples_per_s and limit.time_s == pytest.approx(pf.mean_rank_s + pf.fixed_s)
+    assert res["odb_pf"].padding_ratio == 0 and res["odb_global"].padding_ratio < res["odb"].padding_ratio
+    line = tables.standing_rows([row])[0]
+    fastest = max((r.samples_per_s, k) for k, r in res.items() if k in tables.ODB_VARIANTS)
+    other = max((r.samples_per_s, k) for k, r in res.items() if k not in tables.ODB_VARIANTS + ("limit",))
+    assert line["best ODB / best other"] == pytest.approx(fastest[0] / other[0])
+    assert line["best ODB"] == tables.LABEL[fastest[1]] and line["best other"] == tables.LABEL[other[1]]
+    assert line["padding-free / limit"] == pytest.approx(pf.samples_per_s / limit.samples_per_s)
+    assert f"{line['best ODB / best other']:.3f}×" in tables.standing_summary([row])
 
 
 # ----------------------------------------------------------------------------- report verdicts
