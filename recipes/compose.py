@@ -84,11 +84,11 @@ RECIPES: dict[str, Recipe] = {
         _8B + ("data/sharegpt4o", "method/odb_samples", "deepspeed/ds_z2.json"),
         {"odb_token_budget": 14336, "output_dir": "runs/qwen3vl_8b_odb_samples"}),
     "qwen3vl_8b_odb_padding_free.yaml": Recipe(
-        "As qwen3vl_8b_odb_samples (the same model as Standard), each group trained as one row without "
-        "padding (flash attention), post-balanced across ranks.",
+        "As qwen3vl_8b_odb_samples (the same model as Standard), each step's groups formed over every "
+        "rank's samples, each group trained as one row without padding (flash attention), post-balanced.",
         _8B + ("data/sharegpt4o", "method/odb_samples", "method/odb_padding_free", "method/odb_balance",
                "deepspeed/ds_z2.json"),
-        {"odb_token_budget": 14336, "output_dir": "runs/qwen3vl_8b_odb_padding_free"}),
+        {"odb_token_budget": 14336, "odb_global_grouping": True, "output_dir": "runs/qwen3vl_8b_odb_padding_free"}),
     "qwen3vl_8b_odb_nonjoin.yaml": Recipe(
         "As qwen3vl_8b_odb, non-join mode (equal sample quota per rank, no idle slots).",
         _8B + ("data/sharegpt4o", "method/odb_join", "method/odb_nonjoin", "deepspeed/ds_z2.json"),
