@@ -131,6 +131,11 @@ def evaluate_row(lab: Lab, p: Profile, model: str, setting: str, mfu: float) -> 
     lab.schedule(bal_key, lambda: M.post_balance(lab.schedules[keys["odb"]], p, m.token_cost,
                                                  m.cap_tokens, hw.gpus_per_node), len(p))
     keys["odb_balanced"] = bal_key
+    if "odb_global" in keys:
+        gb_key = ("odb_global_balanced", p.name, world, model, mode)
+        lab.schedule(gb_key, lambda: M.post_balance(lab.schedules[keys["odb_global"]], p, m.token_cost,
+                                                    m.cap_tokens, hw.gpus_per_node), len(p))
+        keys["odb_global_balanced"] = gb_key
     if "odb_pf" in keys:
         pf_key = ("odb_pf_balanced", p.name, world, model, mode)
         lab.schedule(pf_key, lambda: M.post_balance(lab.schedules[keys["odb_pf"]], p, m.token_cost,

@@ -2,7 +2,8 @@
 
 Plans come from `planning/global_grouping.py` and `balance/step_plan.py` (pure, identical on
 every rank); this file moves the pre-collate samples (token ids, labels, media paths: small)
-so that each lands on the rank that will collate and train it. Loss weights and ledgers follow the samples.
+so that each lands on the rank that will collate and train it. Loss weights and ledgers
+follow the samples.
 """
 
 from __future__ import annotations

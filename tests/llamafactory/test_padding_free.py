@@ -172,9 +172,10 @@ def test_llama_packed_row_equals_padded_batch():
     def collate(batch_features):
         width = max(len(f["input_ids"]) for f in batch_features)
         pad = [width - len(f["input_ids"]) for f in batch_features]
-        return {"input_ids": torch.tensor([f["input_ids"] + [0] * p for f, p in zip(batch_features, pad)]),
-                "attention_mask": torch.tensor([[1] * len(f["input_ids"]) + [0] * p for f, p in zip(batch_features, pad)]),
-                "labels": torch.tensor([f["labels"] + [-100] * p for f, p in zip(batch_features, pad)])}
+        rows = list(zip(batch_features, pad))
+        return {"input_ids": torch.tensor([f["input_ids"] + [0] * p for f, p in rows]),
+                "attention_mask": torch.tensor([[1] * len(f["input_ids"]) + [0] * p for f, p in rows]),
+                "labels": torch.tensor([f["labels"] + [-100] * p for f, p in rows])}
     assert_packed_equals_padded(model, collate, features)
 
 

@@ -31,7 +31,8 @@ def rounds(draw):
         rank = []
         for _ in range(slots):
             n = draw(st.integers(0, 5))
-            rank.append([SampleCost(l, draw(st.integers(0, l))) for l in draw(st.lists(lengths, min_size=n, max_size=n))])
+            drawn = draw(st.lists(lengths, min_size=n, max_size=n))
+            rank.append([SampleCost(l, draw(st.integers(0, l))) for l in drawn])
         costs.append(rank)
     for p in range(slots):  # alignment never plans a step idle everywhere
         if not any(costs[r][p] for r in range(world)):
@@ -44,7 +45,8 @@ def _max_group_time(groups, budget):
     for g in groups:
         if len(g) > 1 or (g and budget.fits([PlannedSample(0, 0, c) for c in g])):
             if budget.cost_mode == "padded":
-                worst = max(worst, len(g) * float(QWEN3_VL_LLM(float(max(budget.padded_length(c.input_tokens) for c in g)))))
+                longest = max(budget.padded_length(c.input_tokens) for c in g)
+                worst = max(worst, len(g) * float(QWEN3_VL_LLM(float(longest))))
     return worst
 
 
