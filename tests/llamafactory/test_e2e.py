@@ -80,9 +80,14 @@ def _resume_in_the_second_epoch(tmp_path, tiny_model, demo_data, out, rows):
     assert trained_indices(before + resumed) == list(range(NUM_SAMPLES - NUM_SAMPLES // 4))
 
 
-@pytest.mark.parametrize("join", [True, False])
-def test_two_ranks_ddp_join_and_nonjoin(tmp_path, tiny_model, demo_data, join):
-    _, rows = _odb_run(tmp_path, tiny_model, demo_data, f"ddp_join{join}", nproc=2, odb_join=join)
+FASTEST = {"odb_padding_free": True, "odb_global_grouping": True}  # both, on top of ODB
+
+
+@pytest.mark.parametrize("join,extra", [(True, {}), (False, {}), (True, FASTEST)])
+def test_two_ranks_ddp_join_and_nonjoin(tmp_path, tiny_model, demo_data, join, extra):
+    out, rows = _odb_run(tmp_path, tiny_model, demo_data, f"ddp_join{join}", nproc=2, odb_join=join, **extra)
+    if extra:
+        assert any(h.get("odb/global_grouping_rounds", 0) > 0 for h in log_history(out)), "nothing regrouped"
     steps = {rank: [r["step"] for r in rows if r["rank"] == rank] for rank in (0, 1)}
     assert steps[0] == steps[1], "both ranks ran the same optimizer steps"
     indices = trained_indices(rows)
@@ -141,13 +146,17 @@ def trained_start(tmp_path_factory, tiny_model, demo_data):
     return out
 
 
-def test_loss_equals_standard_token_mean_on_the_same_samples(tmp_path, trained_start, demo_data):
-    # ODB: 2 ranks x 2 micro-steps; the logged loss of optimizer step 1 ...
+@pytest.mark.parametrize("extra", [{}, FASTEST])
+def test_loss_equals_standard_token_mean_on_the_same_samples(tmp_path, trained_start, demo_data, extra):
+    # ODB: 2 ranks x 2 micro-steps (padding-free rows, regrouped over both ranks: the same); the
+    # logged loss of optimizer step 1 ...
     out, rows = _odb_run(tmp_path, trained_start, demo_data, "odb_loss", nproc=2,
                          gradient_accumulation_steps=2, max_steps=1, learning_rate=1e-9,
-                         odb_token_budget=256)
+                         odb_token_budget=256, **extra)
     first = [r for r in rows if r["step"] == 1]
     samples = trained_indices(first)
+    if extra:
+        assert any(h.get("odb/global_grouping_rounds", 0) > 0 for h in log_history(out)), "nothing regrouped"
     assert len(first) == 2 and len(samples) > 4
     odb_loss = [h for h in log_history(out) if "loss" in h][0]["loss"]
     # ... equals a Standard run's loss on exactly those samples in one batch (its per-token mean).
