@@ -141,7 +141,8 @@ def evaluate_row(lab: Lab, p: Profile, model: str, setting: str, mfu: float) -> 
         lab.schedule(pf_key, lambda: M.post_balance(lab.schedules[keys["odb_pf"]], p, m.token_cost,
                                                     m.cap_tokens, hw.gpus_per_node, mode="lpt"), len(p))
         keys["odb_pf_balanced"] = pf_key
-    for name, source in (("odb_balanced_2stage", bal_key), ("odb_pf_balanced_2stage", keys.get("odb_pf_balanced"))):
+    for name, source in (("odb_balanced_2stage", bal_key), ("odb_pf_balanced_2stage", keys.get("odb_pf_balanced")),
+                         ("odb_global_balanced_2stage", keys.get("odb_global_balanced"))):
         if p.text_only or source is None:
             continue
         key2 = (name, p.name, world, model, mode)

@@ -25,7 +25,8 @@ Methods (bench/README.md explains each and its knobs):
   odb_balanced_2stage  the same plus the step's images re-balanced for the vision encoder
   odb_global        ODB with global grouping (`odb_global_grouping: true`): each round's groups
                     formed over every rank's samples, a step's groups of neighbouring cost
-  odb_global_balanced  odb_global, then post-balanced as odb_balanced
+  odb_global_balanced  odb_global, then post-balanced as odb_balanced (+ encoder stage:
+                    odb_global_balanced_2stage)
   odb_pf_global     both
   odb_pf            ODB with padding-free groups (`odb_padding_free: true`): budget on real
                     tokens, a group costs sum(len) and sum(len**2) (varlen attention)
