@@ -29,6 +29,11 @@ class AdapterOptions:
         "`odb_cost_mode: packed` and `odb_balance_mode: lpt`. Pays with flash attention on GPU; "
         "CPU sdpa/eager build a dense (Σ len)² mask. Qwen3-VL, Qwen2.5-VL, Qwen3, Llama.",
         agree=True)
+    padding_free_row_tokens: Optional[int] = option(
+        None, "With `odb_padding_free`: cut a group into rows of at most this many tokens (each "
+        "sample whole; shorter rows completed by padding of their own), so sdpa/eager build one "
+        "(row length)² mask per row instead of one (Σ len)² mask. None: one row per group.",
+        agree=True, minimum=1)
     balance_stages: List[str] = option(
         doc="With `odb_balance`: `llm` (sample exchange in the loader) and/or `vision` (encoder "
         "stage, Qwen3-VL).", agree=True, choices=BALANCE_STAGES, default_factory=lambda: ["llm"])
@@ -37,6 +42,12 @@ class AdapterOptions:
         for stage in self.balance_stages:
             if stage not in BALANCE_STAGES:
                 raise ValueError(f"odb_balance_stages: {stage!r} is not one of {list(BALANCE_STAGES)}")
+        if self.padding_free_row_tokens is not None:
+            if self.padding_free_row_tokens < 1:
+                raise ValueError(f"odb_padding_free_row_tokens: {self.padding_free_row_tokens} is below 1")
+            if not self.padding_free:
+                raise ValueError("odb_padding_free_row_tokens applies to padding-free groups; set "
+                                 "odb_padding_free: true or remove it")
 
 
 ADAPTER_KEYS = [f.name for f in dataclasses.fields(AdapterOptions)]

@@ -16,8 +16,12 @@ Layout of the row (checked equal to the padded batch in fp64, tests/llamafactory
   row's real tokens);
 - no attention mask, no cache, no `rope_deltas` (generation only); images, videos and their grids
   stay concatenated in sample order, as the collator made them;
-- `odb_token_sample`: per token, the sample it belongs to (-1: the collator's placeholder image),
-  for the per-sample loss weights of `odb_step: samples`.
+- `odb_token_sample`: per token, the sample it belongs to (-1: the collator's placeholder image,
+  padding), for the per-sample loss weights of `odb_step: samples`.
+
+`odb_padding_free_row_tokens` cuts a group into several such rows (each sample whole), the
+shorter rows completed by a padding block of their own: sdpa/eager then build one (row length)²
+mask per row instead of one (Σ len)² mask.
 """
 
 from __future__ import annotations
@@ -56,12 +60,28 @@ def _segments(lengths: Sequence[int], placeholder: int) -> List[Tuple[int, int, 
     return pieces
 
 
-def _text_positions(pieces) -> torch.Tensor:
-    return torch.cat([torch.arange(end - start) for _, start, end, _ in pieces])
+def _rows(pieces, row_tokens: Optional[int]) -> List[list]:
+    """The pieces, in order, cut into rows of at most `row_tokens` tokens (a longer piece gets a
+    row of its own); one row without a limit."""
+    if row_tokens is None:
+        return [list(pieces)]
+    rows: List[list] = [[]]
+    used = 0
+    for piece in pieces:
+        size = piece[2] - piece[1]
+        if rows[-1] and used + size > row_tokens:
+            rows.append([])
+            used = 0
+        rows[-1].append(piece)
+        used += size
+    return rows
 
 
-def pack_group(batch: Dict[str, Any], lengths: Sequence[int], placeholder: int = 0) -> Dict[str, Any]:
-    """The collator's padded `batch` (right padding) as one padding-free row.
+def pack_group(batch: Dict[str, Any], lengths: Sequence[int], placeholder: int = 0,
+               row_tokens: Optional[int] = None, pad_token_id: int = 0) -> Dict[str, Any]:
+    """The collator's padded `batch` (right padding) as padding-free rows: one row, or rows of
+    at most `row_tokens` tokens (each sample whole, in order), the shorter ones completed by a
+    padding block of their own (labels -100, positions restarting, `odb_token_sample` -1).
 
     lengths: real tokens of each row (the samples' `input_ids` lengths);
     placeholder: tokens the collator appended to row 0 after its real tokens (the fake image it
@@ -78,48 +98,75 @@ def pack_group(batch: Dict[str, Any], lengths: Sequence[int], placeholder: int =
             if not bool(mask[row, :n].all()):
                 raise ValueError("pack_group: a row's real tokens are not its first tokens (left padding?); "
                                  "padding-free rows need the tokenizer's padding_side: right")
-    pieces = _segments(lengths, placeholder)
+    out_rows = _rows(_segments(lengths, placeholder), row_tokens)
+    length = max(sum(end - start for _, start, end, _ in r) for r in out_rows)
+
+    def assemble(piece_of, pad_of, dim: int = 0) -> torch.Tensor:
+        """Each output row: its pieces then padding, along `dim`; rows stacked before `dim`."""
+        built = []
+        for r in out_rows:
+            parts = [piece_of(piece) for piece in r]
+            missing = length - sum(end - start for _, start, end, _ in r)
+            if missing:
+                parts.append(pad_of(missing))
+            built.append(torch.cat(parts, dim=dim))
+        return torch.stack(built, dim=dim)
+
+    def arange(n: int) -> torch.Tensor:
+        return torch.arange(n)
+
     packed: Dict[str, Any] = {}
     for key, value in batch.items():
         if key in DROPPED_KEYS:
             continue
         if key == "position_ids":
-            packed[key] = _pack_positions(value, pieces, rows, width)
+            packed[key] = _pack_positions(value, rows, width, assemble)
         elif torch.is_tensor(value) and value.dim() >= 2 and tuple(value.shape[:2]) == (rows, width):
-            packed[key] = torch.cat([value[row, start:end] for row, start, end, _ in pieces]).unsqueeze(0)
+            fill = {"input_ids": pad_token_id, "labels": IGNORE_INDEX}.get(key, 0)
+            packed[key] = assemble(
+                lambda piece, value=value: _first_label_masked(key, value[piece[0], piece[1]:piece[2]]),
+                lambda n, value=value, fill=fill: torch.full((n, *value.shape[2:]), fill, dtype=value.dtype))
         else:
             packed[key] = value
-    labels = packed.get("labels")
-    if labels is not None:
-        starts = torch.tensor([0] + [end - start for _, start, end, _ in pieces[:-1]]).cumsum(0)
-        labels[0, starts] = IGNORE_INDEX  # no sample predicts the next sample's first token
     if "position_ids" not in packed:
-        packed["position_ids"] = _text_positions(pieces).unsqueeze(0)
-    packed[TOKEN_SAMPLE_KEY] = torch.cat(
-        [torch.full((end - start,), sample, dtype=torch.long) for _, start, end, sample in pieces]).unsqueeze(0)
+        packed["position_ids"] = assemble(lambda piece: arange(piece[2] - piece[1]), arange)
+    packed[TOKEN_SAMPLE_KEY] = assemble(
+        lambda piece: torch.full((piece[2] - piece[1],), piece[3], dtype=torch.long),
+        lambda n: torch.full((n,), -1, dtype=torch.long))
     packed["use_cache"] = False  # a cache makes transformers skip the packed-sequence detection
     return packed
 
 
-def _pack_positions(positions: torch.Tensor, pieces, rows: int, width: int) -> torch.Tensor:
-    text = _text_positions(pieces)
+def _first_label_masked(key: str, values: torch.Tensor) -> torch.Tensor:
+    """A sample's first label is masked: nothing predicts it from the previous sample's tokens."""
+    if key != "labels":
+        return values
+    values = values.clone()
+    values[:1] = IGNORE_INDEX
+    return values
+
+
+def _pack_positions(positions: torch.Tensor, rows: int, width: int, assemble) -> torch.Tensor:
+    def plain(n: int) -> torch.Tensor:
+        return torch.arange(n, dtype=positions.dtype)
     if positions.dim() == 2:  # (rows, width): text models
-        return text.unsqueeze(0)
+        return assemble(lambda piece: plain(piece[2] - piece[1]), plain)
     if positions.dim() != 3 or tuple(positions.shape[1:]) != (rows, width):
         raise ValueError(f"pack_group: position_ids of shape {tuple(positions.shape)} for a batch of "
                          f"{rows}x{width}")
     rope = positions[-3:]  # the multimodal rows (t, h, w); a 4-row layout has the text row first
-    parts = []
-    for row, start, end, sample in pieces:
-        if sample < 0:  # placeholder: its own block, any valid positions
-            parts.append(torch.arange(end - start).expand(3, -1))
-        else:
-            parts.append(rope[:, row, start:end])
-    return torch.cat([text.unsqueeze(0), torch.cat(parts, dim=1).to(text.dtype)]).unsqueeze(1)
+
+    def piece_positions(piece) -> torch.Tensor:
+        row, start, end, sample = piece
+        text = plain(end - start).unsqueeze(0)
+        if sample < 0:  # the placeholder: its own block, any valid positions
+            return text.expand(4, -1)
+        return torch.cat([text, rope[:, row, start:end]])
+    return assemble(piece_positions, lambda n: plain(n).expand(4, -1), dim=1)
 
 
 def token_weights(sample_weights: Sequence[float], token_sample: torch.Tensor) -> torch.Tensor:
-    """Per token of a packed row, its sample's loss weight (0 for the placeholder's tokens)."""
+    """Per token of packed rows, its sample's loss weight (0 for the placeholder and padding)."""
     weights = torch.as_tensor(list(sample_weights) + [0.0], dtype=torch.float32)
     return weights[torch.where(token_sample >= 0, token_sample, len(sample_weights))]
 
@@ -128,12 +175,15 @@ class PackedCollate:
     """`collate(features)` (LLaMA-Factory's collator, with each row's first label masked) then
     `pack_group`."""
 
-    def __init__(self, collate: Callable[[List[Dict[str, Any]]], Dict[str, Any]]):
+    def __init__(self, collate: Callable[[List[Dict[str, Any]]], Dict[str, Any]],
+                 row_tokens: Optional[int] = None, pad_token_id: int = 0):
         self.collate = collate
+        self.row_tokens = row_tokens
+        self.pad_token_id = pad_token_id
 
     def __call__(self, features: List[Dict[str, Any]]) -> Dict[str, Any]:
         lengths = [len(f["input_ids"]) for f in features]
         batch = self.collate(features)
         # LLaMA-Factory's collator appends its placeholder image's tokens to the first feature
         placeholder = len(features[0]["input_ids"]) - lengths[0]
-        return pack_group(batch, lengths, placeholder)
+        return pack_group(batch, lengths, placeholder, self.row_tokens, self.pad_token_id)

@@ -165,7 +165,9 @@ class ODBTrainerMixin:
         standard_steps = self._odb_standard_steps if self._odb_samples_mode else None
         collate = LFCollate(self.data_collator)
         if odb.adapter.padding_free:
-            collate = PackedCollate(collate)
+            tokenizer = getattr(self.data_collator, "tokenizer", None)
+            collate = PackedCollate(collate, odb.adapter.padding_free_row_tokens,
+                                    getattr(tokenizer, "pad_token_id", None) or 0)
         loader = ODBDataLoader(self.train_dataset, cfg, collate_fn=collate,
                                standard_steps=standard_steps)
         steps_per_epoch = 0

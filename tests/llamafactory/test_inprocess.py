@@ -192,6 +192,12 @@ def test_padding_free_sets_its_costs_and_refuses_contradictions(lf, tmp_path, ti
     with pytest.raises(ValueError, match=r"^odb_balance_mode: padded contradicts odb_padding_free: true"):
         lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, odb_padding_free=True,
                         odb_balance_mode="padded"))
+    with pytest.raises(ValueError, match=r"^odb_padding_free_row_tokens applies to padding-free groups; set "
+                                         r"odb_padding_free: true or remove it$"):
+        lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, odb_padding_free_row_tokens=256))
+    with pytest.raises(ValueError, match=r"^odb_padding_free_row_tokens: 0 is below 1$"):
+        lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, odb_padding_free=True,
+                        odb_padding_free_row_tokens=0))
 
 
 def test_padding_free_on_an_unverified_model_is_refused_at_parse_time(lf, tmp_path, tiny_model, demo_data):

@@ -86,7 +86,7 @@ def _losses_and_grads(model, batch, sample_of_token, weights):
     return losses.detach(), grads
 
 
-def assert_packed_equals_padded(model, collate, features):
+def assert_packed_equals_padded(model, collate, features, row_tokens=None):
     """The check itself: the same samples padded (LLaMA-Factory's batch) and packed."""
     import copy
     torch.manual_seed(0)
@@ -97,8 +97,14 @@ def assert_packed_equals_padded(model, collate, features):
     lengths = [len(f["input_ids"]) for f in features]
     fresh = copy.deepcopy(features)
     placeholder_batch = collate(fresh)
-    packed = pack_group(placeholder_batch, lengths, len(fresh[0]["input_ids"]) - lengths[0])
-    assert packed["input_ids"].shape == (1, sum(lengths) + len(fresh[0]["input_ids"]) - lengths[0])
+    placeholder = len(fresh[0]["input_ids"]) - lengths[0]
+    packed = pack_group(placeholder_batch, lengths, placeholder, row_tokens, pad_token_id=3)
+    if row_tokens is None:
+        assert packed["input_ids"].shape == (1, sum(lengths) + placeholder)
+    else:  # several rows, each at most row_tokens long unless one sample is longer
+        assert packed["input_ids"].shape[0] > 1
+        assert packed["input_ids"].shape[1] <= max(row_tokens, *lengths)
+        assert int((packed[TOKEN_SAMPLE_KEY] >= 0).sum()) == sum(lengths)
     assert "attention_mask" not in packed and packed["use_cache"] is False
     loss_padded, grad_padded = _losses_and_grads(model, _fp64(padded), padded_owner, weights)
     loss_packed, grad_packed = _losses_and_grads(model, _fp64(packed), packed[TOKEN_SAMPLE_KEY], weights)
@@ -142,6 +148,9 @@ def test_vl_packed_row_equals_padded_batch(tmp_path, tiny_model, real_data, kind
         packed = assert_packed_equals_padded(model, collate, [dict(dataset[i]) for i in indices])
         owners = packed[TOKEN_SAMPLE_KEY][0].tolist()
         assert (-1 in owners) == name.startswith("text only"), name
+    # several rows per group (odb_padding_free_row_tokens): images stay in sample order across rows
+    mixed = [dict(dataset[i]) for i in groups["images, video and text"] + text[1:3]]
+    assert_packed_equals_padded(model, collate, mixed, row_tokens=max(len(f["input_ids"]) for f in mixed))
     # rows cut at cutoff_len (text rows: LLaMA-Factory truncates them)
     cut, collate, model = _lf_pieces(model_dir, real_data, tmp_path / "cut", template=template,
                                      dataset="alpaca_en_demo", max_samples=4, cutoff_len=48)
@@ -156,6 +165,8 @@ def test_text_model_packed_row_equals_padded_batch(tmp_path, real_data):
                                          dataset="alpaca_en_demo", max_samples=5, cutoff_len=96)
     packed = assert_packed_equals_padded(model, collate, [dict(dataset[i]) for i in range(5)])
     assert packed["position_ids"].shape == packed["input_ids"].shape
+    rows = assert_packed_equals_padded(model, collate, [dict(dataset[i]) for i in range(5)], row_tokens=100)
+    assert rows["position_ids"].shape == rows["input_ids"].shape
 
 
 def test_llama_packed_row_equals_padded_batch():
@@ -192,6 +203,11 @@ def test_pack_group_layout_and_errors():
     assert packed["position_ids"][0, 0].tolist() == [0, 1, 2, 0, 1]
     assert packed[TOKEN_SAMPLE_KEY].tolist() == [[0, 0, 0, 1, 1]]
     assert "rope_deltas" not in packed and packed["pixel_values"] is batch["pixel_values"]
+    two_rows = pack_group(batch, [3, 2], row_tokens=3, pad_token_id=0)
+    assert two_rows["input_ids"].tolist() == [[5, 6, 7], [8, 9, 0]]
+    assert two_rows["labels"].tolist() == [[-100, 6, 7], [-100, 9, -100]]
+    assert two_rows[TOKEN_SAMPLE_KEY].tolist() == [[0, 0, 0], [1, 1, -1]]
+    assert two_rows["position_ids"].shape == (4, 2, 3) and two_rows["position_ids"][0].tolist() == [[0, 1, 2], [0, 1, 0]]
     with_placeholder = pack_group(batch, [2, 2], placeholder=1)
     assert with_placeholder[TOKEN_SAMPLE_KEY].tolist() == [[0, 0, 1, 1, -1]]
     assert with_placeholder["labels"].tolist() == [[-100, 6, -100, 9, -100]]

@@ -92,12 +92,12 @@ def test_samples_mode_trains_the_standard_model_text_model_post_balanced(tmp_pat
 
 def test_padding_free_global_grouping_samples_mode_trains_the_standard_model(tmp_path, tiny_model, demo_data):
     """`odb_padding_free: true` with `odb_global_grouping: true` and post-balancing: each
-    optimizer step's micro-batches are formed over both ranks' samples, each one flattened row
-    without padding, the loss weights per token, and the model is still Standard's (images,
-    trainable vision tower, DDP)."""
+    optimizer step's micro-batches are formed over both ranks' samples, each one or two
+    flattened rows without padding (rows of at most 384 of the budget's 512 tokens), the loss
+    weights per token, and the model is still Standard's (images, trainable vision tower, DDP)."""
     standard, odb, rows = _pair(tmp_path, tiny_model, demo_data, "padding_free", freeze_vision_tower=False,
                                 odb_extra={"odb_padding_free": True, "odb_global_grouping": True,
-                                           "odb_balance": True})
+                                           "odb_balance": True, "odb_padding_free_row_tokens": 384})
     _assert_same_training(standard, odb, rows)
     assert any("odb/balance_max_over_lb" in h for h in odb), "post-balancing ran"
     assert any(h.get("odb/global_grouping_rounds", 0) > 0 for h in odb), "global grouping re-laid out steps"
