@@ -267,11 +267,15 @@ def odb(p: Profile, world: int, budget: int, join: bool = True, buffer_size: int
     return groups_schedule(costs or costs_of(p), cfg, world, name or ("odb" if join else "odb_nonjoin"))
 
 
-def odb_samples(standard_schedule: Schedule, p: Profile, budget: int) -> Schedule:
+def odb_samples(standard_schedule: Schedule, p: Profile, budget: int, cost_mode: str = "padded",
+                global_grouping: bool = False, name: str = "odb_samples") -> Schedule:
     """ODB `step_mode="samples"` on a Standard schedule: the same optimizer steps with the same
     samples; each rank packs its share of a step with odb_factory's own `pack_step` and the
-    ranks align their micro-batch counts with `align_step` (the planner thread's functions)."""
-    return samples_schedule(standard_schedule, costs_of(p), Budget.from_config(ODBConfig(token_budget=budget)))
+    ranks align their micro-batch counts with `align_step` (the planner thread's functions);
+    optionally padding-free (cost_mode "packed") and globally grouped."""
+    budget_ = Budget.from_config(ODBConfig(token_budget=budget, cost_mode=cost_mode))
+    return samples_schedule(standard_schedule, costs_of(p), budget_, name=name, global_grouping=global_grouping,
+                            ranks_per_node=8)
 
 
 def post_balance(s: Schedule, p: Profile, token_cost: Callable, cap_tokens: int,

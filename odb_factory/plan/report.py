@@ -122,7 +122,8 @@ def schedule_for(mode: str, config: ODBConfig, world: int, standard: Schedule,
     `odb_over_budget` says (the report names them)."""
     cfg = dataclasses.replace(config, over_budget="singleton")
     if mode == "samples":
-        return samples_schedule(standard, costs, Budget.from_config(cfg))
+        return samples_schedule(standard, costs, Budget.from_config(cfg), global_grouping=cfg.global_grouping,
+                                ranks_per_node=cfg.ranks_per_node or world)
     return groups_schedule(costs, cfg, world, name="odb_groups", pad_to_accumulation=True)
 
 

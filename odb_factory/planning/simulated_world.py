@@ -78,7 +78,7 @@ def simulate_epoch(costs: Sequence[SampleCost], config: ODBConfig, world_size: i
             break
         results = [p.close_round(costs) for p in planners]
         round_slots = [r.slots for r in results]
-        if config.global_grouping and round_slots[0]:
+        if config.global_grouping and world_size > 1 and round_slots[0]:  # as the loader: one rank has no peers
             round_slots = regroup_slots(round_slots, budget, config.ranks_per_node or world_size,
                                         seed=f"{config.seed}:{epoch}:{results[0].stats.round}")
         for rank, result in enumerate(results):

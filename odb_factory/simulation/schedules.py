@@ -19,6 +19,7 @@ import numpy as np
 
 from ..config import ODBConfig
 from ..cost import SampleCost
+from ..planning.global_grouping import apply_layout, regroup_round
 from ..planning.grouping import Budget, PlannedSample
 from ..planning.optimizer_steps import align_step, pack_step
 from ..planning.simulated_world import simulate_epoch
@@ -81,10 +82,12 @@ def groups_schedule(costs: Sequence[SampleCost], config: ODBConfig, world: int, 
 
 
 def samples_schedule(standard: Schedule, costs: Sequence[SampleCost], budget: Budget,
-                     over_budget: str = "singleton", name: str = "odb_samples") -> Schedule:
+                     over_budget: str = "singleton", name: str = "odb_samples",
+                     global_grouping: bool = False, ranks_per_node: int = 1) -> Schedule:
     """`step_mode="samples"` on a fixed-batch schedule: the same optimizer steps with the same
     samples; each rank packs its share of a step (`pack_step`) and the ranks align their
-    micro-batch counts (`align_step`), as the planner thread does."""
+    micro-batch counts (`align_step`), as the planner thread does; with `global_grouping` the
+    step's micro-batches are then re-formed over every rank's share (`regroup_round`)."""
     s, steps, ends = standard, [], []
     for start in range(0, len(s.steps), s.accumulation):
         window = s.steps[start:start + s.accumulation]
@@ -93,6 +96,10 @@ def samples_schedule(standard: Schedule, costs: Sequence[SampleCost], budget: Bu
         groups = [pack_step(share, budget, over_budget) for share in shares]
         counts = [len(g) for g in groups]
         aligned = [align_step(g, counts, budget) for g in groups]
+        if global_grouping and s.world > 1:
+            layout = regroup_round([[[x.cost for x in g] for g in rank] for rank in aligned], budget,
+                                   ranks_per_node, seed=str(start))
+            aligned = apply_layout(layout, aligned) if layout is not None else aligned
         steps += [[index_array([x.index for x in aligned[r][m]]) for r in range(s.world)]
                   for m in range(max(counts))]
         ends.append(len(steps) - 1)
