@@ -130,6 +130,18 @@ def test_odb_samples_keeps_standards_optimizer_steps_and_their_samples(small, ba
         for micro in odb.steps[start:end + 1]:   # within the budget (or a lone long sample)
             for b in micro:
                 assert len(b) <= 1 or len(b) * int(p.tokens[b].max()) <= p.token_budget
+    # padding-free and globally grouped: the same steps, each with the same samples (any rank)
+    fast = M.odb_samples(std, p, p.token_budget, "packed", True)
+    assert fast.optimizer_steps == std.optimizer_steps
+    starts = [0] + [end + 1 for end in fast.step_ends[:-1]]
+    for k, (start, end) in enumerate(zip(starts, fast.step_ends)):
+        window = std.steps[k * accumulation:(k + 1) * accumulation]
+        want = sorted(i for micro in window for b in micro for i in b.tolist())
+        assert sorted(i for micro in fast.steps[start:end + 1] for b in micro for i in b.tolist()) == want
+        for micro in fast.steps[start:end + 1]:
+            assert any(len(b) for b in micro), "a micro-step idle on every rank"
+            for b in micro:
+                assert len(b) <= 1 or int(p.tokens[b].sum()) <= p.token_budget
 
 
 def test_ledger_check_catches_loss_and_duplication():
