@@ -84,8 +84,7 @@ def _odb_rank(rank, world, batch_size, accumulation, normalization, budget, rela
     (2, 2, 3, "exact", 384, ""),
     (3, 2, 2, "micro_mean", 300, ""),
     (3, 2, 3, "micro_mean", 600, "balance"),  # post-balanced: samples move, their weights with them
-    (3, 2, 3, "exact", 600, "global"),        # global grouping over the step's samples
-    (2, 2, 4, "micro_mean", 300, "global+balance"),
+    (3, 2, 3, "exact", 600, "global+balance"),  # global grouping over the step's samples, then balanced
 ])
 def test_samples_mode_step_equals_the_fixed_batch_step(world, batch_size, accumulation, normalization, budget,
                                                        relayout):

@@ -50,7 +50,7 @@ def _max_group_time(groups, budget):
     return worst
 
 
-@settings(max_examples=300)
+@settings(max_examples=200)
 @given(rounds())
 def test_a_regrouped_round_is_a_permutation_into_the_same_slots(case):
     costs, budget, ranks_per_node = case
@@ -74,7 +74,7 @@ def test_a_regrouped_round_is_a_permutation_into_the_same_slots(case):
         assert after <= before * (1 + 1e-12)
 
 
-@settings(max_examples=200)
+@settings(max_examples=120)
 @given(worlds())
 def test_global_grouping_keeps_the_protocol_guarantees_and_the_step_count(case):
     costs, world, views, cfg = case
