@@ -158,6 +158,24 @@ def standing_rows(rows: Sequence[Mapping]) -> List[dict]:
     return out
 
 
+def variant_rows(rows: Sequence[Mapping]) -> List[dict]:
+    """Per ODB variant: its samples/s over the fastest other method of each row it runs in
+    (lowest, highest, rows at ≥ 0.99×)."""
+    out = []
+    for variant in ODB_VARIANTS:
+        ratios = []
+        for r in rows:
+            res = r["results"]
+            _, other_sps = _fastest(res, [k for k in res if k not in ODB_VARIANTS + NOT_COMPARED])
+            mine = res.get(variant)
+            if mine is not None and mine.samples_per_s is not None and other_sps:
+                ratios.append(mine.samples_per_s / other_sps)
+        if ratios:
+            out.append({"ODB variant": LABEL[variant], "lowest": min(ratios), "highest": max(ratios),
+                        "rows ≥ 0.99×": f"{sum(x >= 0.99 for x in ratios)} / {len(ratios)}"})
+    return out
+
+
 def standing_table(rows: Sequence[Mapping]) -> str:
     lines = standing_rows(rows)
     return md_table(lines, [(k, k) for k in lines[0]]) if lines else "(no rows)"

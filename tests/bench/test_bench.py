@@ -340,6 +340,9 @@ def test_tiny_end_to_end_row():
     assert line["best ODB"] == tables.LABEL[fastest[1]] and line["best other"] == tables.LABEL[other[1]]
     assert line["padding-free / limit"] == pytest.approx(pf.samples_per_s / limit.samples_per_s)
     assert f"{line['best ODB / best other']:.3f}×" in tables.standing_summary([row])
+    variants = {v["ODB variant"]: v for v in tables.variant_rows([row])}
+    assert variants["ODB"]["lowest"] == pytest.approx(res["odb"].samples_per_s / other[0])
+    assert variants[tables.LABEL[fastest[1]]]["highest"] == pytest.approx(line["best ODB / best other"])
 
 
 # ----------------------------------------------------------------------------- report verdicts
