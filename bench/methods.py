@@ -309,6 +309,7 @@ def post_balance(s: Schedule, p: Profile, token_cost: Callable, cap_tokens: int,
         steps.append([_arr([step[src][pos] for src, pos in dest]) for dest in plan.destinations])
         ratios.append(plan.max_over_lb)
     name = s.method + ("_balanced_2stage" if encoder_stage else "_balanced")
-    note = s.note + f", post-balanced ({mode}, memory cap)" + (" + encoder stage" if encoder_stage else "")
+    cap = ", memory cap" if mode == "padded" else ""
+    note = s.note + f", post-balanced ({mode}{cap})" + (" + encoder stage" if encoder_stage else "")
     return Schedule(name, s.world, steps, s.accumulation, s.cost_mode, s.expected_samples, note,
                     extra={"max_over_lb": ratios, "encoder_balanced": encoder_stage})
