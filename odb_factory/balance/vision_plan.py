@@ -8,29 +8,21 @@ or a video: the vision tower treats both alike). The cost of an item is ``item_c
 decides the vision rank of every item. Everything here is a deterministic function of
 its arguments, so every rank computes the same plan from the same all-gathered grids.
 
-Orders (the contract with ``odb_factory.encoder_stage.vision``):
-
-* the *share* of vision rank ``d`` is the list of ``(owner, position)`` it encodes, sorted
-  by owner then position; the tower runs on it in that order;
-* owner ``r`` sends its pixel blocks grouped by destination rank, each group in position
-  order -- so vision rank ``d`` receives exactly its share order (sources arrive in rank
-  order);
-* vision rank ``d`` returns the embedding rows of its share in share order, which is
-  grouped by owner; owner ``r`` receives them grouped by vision rank, then
-  ``arrival_order(r)`` says which local item each block is, and ``return_rows`` is the
-  row permutation that restores local order (the inverse of the send permutation).
+The row bookkeeping (orders, counts, permutations, metrics) is ``EncoderPlan``'s
+(``odb_factory.balance.encoder_plan``); here an item's input rows are its pixel patches
+``t * h * w`` and its output rows the merged tokens ``t * h * w / merge**2``.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from odb_factory.balance import QWEN3_VL_VISION, StageCostModel, balance
+from odb_factory.balance import QWEN3_VL_VISION, StageCostModel
+from odb_factory.balance.encoder_plan import EncoderPlan, assign_items, shares_and_costs
 
 Grid = tuple[int, int, int]
 VISION_MODES = ("lpt", "min_move")
@@ -62,17 +54,8 @@ def _normalise(grids_per_rank: Sequence[Sequence[object]], merge: int
                  for r, gs in enumerate(grids_per_rank))
 
 
-def _block_rows(sizes: Sequence[int], order: Sequence[int]) -> np.ndarray:
-    """Row indices that list the blocks ``order`` (block ids) of a buffer whose blocks, in
-    id order, have ``sizes`` rows."""
-    starts = np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64))])
-    if not len(order):
-        return np.zeros(0, dtype=np.int64)
-    return np.concatenate([np.arange(starts[b], starts[b + 1], dtype=np.int64) for b in order])
-
-
 @dataclass(frozen=True)
-class VisionPlan:
+class VisionPlan(EncoderPlan):
     grids: tuple[tuple[Grid, ...], ...]        # per owner rank: its items, local order
     merge_size: int                            # spatial merge: merged rows = t*h*w / merge**2
     encoder: tuple[tuple[int, ...], ...]       # per owner rank: vision rank of each item
@@ -83,15 +66,6 @@ class VisionPlan:
     pixel_row_bytes: int = 1
     embed_row_bytes: int = 1
 
-    # ---- sizes -------------------------------------------------------------------------
-    @property
-    def world(self) -> int:
-        return len(self.grids)
-
-    @property
-    def num_items(self) -> int:
-        return sum(len(g) for g in self.grids)
-
     def patches(self, owner: int, pos: int) -> int:
         t, h, w = self.grids[owner][pos]
         return t * h * w
@@ -99,115 +73,33 @@ class VisionPlan:
     def merged(self, owner: int, pos: int) -> int:
         return self.patches(owner, pos) // (self.merge_size * self.merge_size)
 
-    # ---- vision side -------------------------------------------------------------------
+    in_rows = patches
+    out_rows = merged
+
+    @property
+    def in_row_bytes(self) -> int:
+        return self.pixel_row_bytes
+
+    @property
+    def out_row_bytes(self) -> int:
+        return self.embed_row_bytes
+
     def share_grids(self, rank: int) -> list[Grid]:
         return [self.grids[o][p] for o, p in self.shares[rank]]
 
-    def pixel_recv_counts(self, rank: int) -> list[int]:
-        """Pixel rows vision rank ``rank`` receives from each owner (share order)."""
-        out = [0] * self.world
-        for o, p in self.shares[rank]:
-            out[o] += self.patches(o, p)
-        return out
-
-    def embed_send_counts(self, rank: int) -> list[int]:
-        """Embedding rows vision rank ``rank`` returns to each owner (share order)."""
-        out = [0] * self.world
-        for o, p in self.shares[rank]:
-            out[o] += self.merged(o, p)
-        return out
-
-    # ---- owner side --------------------------------------------------------------------
-    def send_order(self, rank: int) -> list[int]:
-        """Local item positions of owner ``rank`` in the order their pixels are sent
-        (grouped by vision rank, each group in position order)."""
-        enc = self.encoder[rank]
-        return sorted(range(len(enc)), key=lambda i: (enc[i], i))
-
-    def pixel_send_counts(self, rank: int) -> list[int]:
-        out = [0] * self.world
-        for i, d in enumerate(self.encoder[rank]):
-            out[d] += self.patches(rank, i)
-        return out
-
-    def pixel_send_rows(self, rank: int) -> np.ndarray:
-        """Row index into the owner's pixel rows that puts them in send order."""
-        sizes = [self.patches(rank, i) for i in range(len(self.grids[rank]))]
-        return _block_rows(sizes, self.send_order(rank))
-
-    def embed_recv_counts(self, rank: int) -> list[int]:
-        out = [0] * self.world
-        for i, d in enumerate(self.encoder[rank]):
-            out[d] += self.merged(rank, i)
-        return out
-
-    def arrival_order(self, rank: int) -> list[int]:
-        """Local position of each item block, in the order owner ``rank`` receives the
-        embeddings (grouped by vision rank, position order within) = ``send_order``."""
-        return self.send_order(rank)
-
-    def return_rows(self, rank: int) -> np.ndarray:
-        """Row index into the received embedding buffer that restores local item order
-        (the inverse of the send permutation, expanded to rows)."""
-        arrival = self.arrival_order(rank)
-        block_of = {pos: b for b, pos in enumerate(arrival)}
-        sizes = [self.merged(rank, pos) for pos in arrival]
-        return _block_rows(sizes, [block_of[i] for i in range(len(arrival))])
-
-    def is_local(self, rank: int) -> bool:
-        """True if owner ``rank`` keeps all its items and encodes nothing else."""
-        return all(d == rank for d in self.encoder[rank]) and \
-            all(o == rank for o, _ in self.shares[rank])
-
-    # ---- metrics -----------------------------------------------------------------------
-    @property
-    def max_over_mean_before(self) -> float:
-        return _ratio(max(self.cost_before), math.fsum(self.cost_before) / self.world)
-
-    @property
-    def max_over_mean_after(self) -> float:
-        return _ratio(max(self.cost_after), math.fsum(self.cost_after) / self.world)
-
-    @property
-    def max_over_lb_before(self) -> float:
-        return _ratio(max(self.cost_before), self.lower_bound)
-
-    @property
-    def max_over_lb_after(self) -> float:
-        return _ratio(max(self.cost_after), self.lower_bound)
-
-    @property
-    def moved_items(self) -> list[tuple[int, int, int]]:
-        """(owner, position, vision rank) of every item encoded away from its owner."""
-        return [(r, i, d) for r, enc in enumerate(self.encoder) for i, d in enumerate(enc)
-                if d != r]
-
-    @property
-    def pixel_bytes_moved(self) -> int:
-        return sum(self.patches(r, i) for r, i, _ in self.moved_items) * self.pixel_row_bytes
-
-    @property
-    def embed_bytes_moved(self) -> int:
-        """Forward embedding bytes (merged + every deepstack level); backward moves as many
-        gradient bytes again."""
-        return sum(self.merged(r, i) for r, i, _ in self.moved_items) * self.embed_row_bytes
+    # the vision names of the shared bookkeeping (pixels in, embeddings out)
+    pixel_recv_counts = EncoderPlan.input_recv_counts
+    embed_send_counts = EncoderPlan.output_send_counts
+    pixel_send_counts = EncoderPlan.input_send_counts
+    pixel_send_rows = EncoderPlan.input_send_rows
+    embed_recv_counts = EncoderPlan.output_recv_counts
+    arrival_order = EncoderPlan.send_order
+    pixel_bytes_moved = EncoderPlan.input_bytes_moved
+    embed_bytes_moved = EncoderPlan.output_bytes_moved
 
     def summary(self) -> dict:
-        return {
-            "items": self.num_items, "moved_items": len(self.moved_items),
-            "cost_before": list(self.cost_before), "cost_after": list(self.cost_after),
-            "lower_bound": self.lower_bound,
-            "max_over_mean_before": self.max_over_mean_before,
-            "max_over_mean_after": self.max_over_mean_after,
-            "max_over_lb_before": self.max_over_lb_before,
-            "max_over_lb_after": self.max_over_lb_after,
-            "pixel_bytes_moved": self.pixel_bytes_moved,
-            "embed_bytes_moved": self.embed_bytes_moved,
-        }
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b > 0 else 1.0
+        return {**self.balance_summary(), "pixel_bytes_moved": self.pixel_bytes_moved,
+                "embed_bytes_moved": self.embed_bytes_moved}
 
 
 def item_cost(cost_model, grid: Grid) -> float:
@@ -238,21 +130,8 @@ def _item_costs(grids: tuple[tuple[Grid, ...], ...], cost_model) -> list[list[fl
 
 
 def _build(grids, merge, encoder, costs, pixel_row_bytes, embed_row_bytes) -> VisionPlan:
-    world = len(grids)
-    shares: list[list[tuple[int, int]]] = [[] for _ in range(world)]
-    for r, enc in enumerate(encoder):
-        for i, d in enumerate(enc):
-            shares[d].append((r, i))
-    after = [[] for _ in range(world)]
-    for d, share in enumerate(shares):
-        share.sort()
-        after[d] = [costs[o][p] for o, p in share]
-    flat = [c for cs in costs for c in cs]
-    lb = max(math.fsum(flat) / world, max(flat)) if flat else 0.0
-    return VisionPlan(grids, merge, tuple(tuple(e) for e in encoder),
-                      tuple(tuple(s) for s in shares),
-                      tuple(math.fsum(c) for c in costs), tuple(math.fsum(c) for c in after),
-                      lb, int(pixel_row_bytes), int(embed_row_bytes))
+    return VisionPlan(grids, merge, **shares_and_costs(encoder, costs),
+                      pixel_row_bytes=int(pixel_row_bytes), embed_row_bytes=int(embed_row_bytes))
 
 
 def local_plan(grids_per_rank: Sequence[Sequence[object]], merge_size: int,
@@ -289,12 +168,8 @@ def plan_vision(grids_per_rank: Sequence[Sequence[object]], merge_size: int,
     costs = _item_costs(grids, cost_model)
     sizes = [[t * h * w * pixel_row_bytes + 2 * (t * h * w // (merge * merge)) * embed_row_bytes
               for t, h, w in gs] for gs in grids]
-    bp = balance(costs, ranks_per_node=ranks_per_node, mode=mode, sizes_per_rank=sizes,
-                 tolerance=tolerance, placement=placement)
-    enc = [[-1] * len(gs) for gs in grids]
-    for d, dest in enumerate(bp.destinations):
-        for r, i in dest:
-            enc[r][i] = d
+    enc = assign_items(costs, sizes, ranks_per_node=ranks_per_node, mode=mode,
+                       tolerance=tolerance, placement=placement)
     return _build(grids, merge, enc, costs, pixel_row_bytes, embed_row_bytes)
 
 

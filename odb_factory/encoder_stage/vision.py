@@ -46,7 +46,9 @@ from odb_factory.balance import QWEN3_VL_VISION, StageCostModel
 
 from odb_factory.balance.vision_plan import VisionPlan, plan_vision
 from odb_factory.comm import ODBExchangeError, gather_objects, group_rank_world
-from odb_factory.comm.row_exchange import DEFAULT_TIMEOUT_S, HINT, all_to_all_rows
+from odb_factory.comm.row_exchange import DEFAULT_TIMEOUT_S, HINT
+
+from .routing import return_outputs, send_inputs
 
 
 @dataclass
@@ -201,17 +203,9 @@ class VisionBalancer:
         if stats.composed:
             share = pixels
         else:
-            if pixels.shape[0] != sum(plan.patches(rank, i) for i in range(len(local_grids))):
-                raise ValueError(f"rank {rank}: pixel_values has {pixels.shape[0]} rows but "
-                                 f"grid_thw describes {sum(t * h * w for t, h, w in local_grids)}")
-            counts = plan.pixel_send_counts(rank)
-            if not plan.is_local(rank):
-                idx = torch.as_tensor(plan.pixel_send_rows(rank), device=pixels.device)
-                pixels = pixels.index_select(0, idx)
-            share = all_to_all_rows(pixels, counts, plan.pixel_recv_counts(rank), self.group,
-                                    what="vision pixels", step=self.step,
-                                    timeout_s=self.timeout_s)
-            stats.pixel_bytes_sent = (sum(counts) - counts[rank]) * width * pixels.element_size()
+            share, stats.pixel_bytes_sent = send_inputs(
+                pixels, plan, rank, self.group, what="vision pixels", step=self.step,
+                timeout_s=self.timeout_s)
         expected = sum(t * h * w for t, h, w in plan.share_grids(rank))
         if share.shape[0] != expected:
             raise ValueError(f"rank {rank}: the vision share has {share.shape[0]} pixel rows "
@@ -238,16 +232,9 @@ class VisionBalancer:
 
         # (5) embeddings back to their owners (differentiable)
         t0 = time.perf_counter()
-        counts = plan.embed_send_counts(rank)
-        out = all_to_all_rows(packed, counts, plan.embed_recv_counts(rank), self.group,
-                              what="vision embeddings", step=self.step,
-                              timeout_s=self.timeout_s)
-        stats.embed_bytes_sent = (sum(counts) - counts[rank]) * packed.shape[1] \
-            * packed.element_size()
-        # (6) local item order
-        if not plan.is_local(rank):
-            idx = torch.as_tensor(plan.return_rows(rank), device=out.device)
-            out = out.index_select(0, idx)
+        out, stats.embed_bytes_sent = return_outputs(
+            packed, plan, rank, self.group, what="vision embeddings", step=self.step,
+            timeout_s=self.timeout_s)
         stats.embed_exchange_s = time.perf_counter() - t0
         self._record(stats)
         return self._unpack(out, dims)
