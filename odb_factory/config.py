@@ -106,6 +106,9 @@ class ODBConfig:
         "`Σ len` (padding-free models).", agree=True, choices=COST_MODES)
     max_vision_patches: Optional[int] = option(
         None, "Cap on a group's summed vision patches (none: no cap).", agree=True, minimum=1)
+    max_audio_frames: Optional[int] = option(
+        None, "Cap on a group's summed valid audio mel frames (100 a second; none: no cap).",
+        agree=True, minimum=1)
     over_budget: str = option(
         "singleton", "A sample over budget alone: `singleton` trains it alone (warning + metric), "
         "`error` raises naming it.", agree=True, choices=OVER_BUDGET_POLICIES)
@@ -127,6 +130,9 @@ class ODBConfig:
         doc="Without a grid, vision patches = #(tokens in these ids) × `spatial_merge_size`².",
         agree=True, lf_key=None, lf_source="the model's image and video token ids",
         default_factory=tuple)
+    audio_token_ids: Tuple[int, ...] = option(
+        doc="Without a feature mask, audio frames = #(tokens in these ids) × 4.",
+        agree=True, lf_key=None, lf_source="the model's audio token id", default_factory=tuple)
     spatial_merge_size: int = option(
         2, "Vision patches merged into one LLM token per side.", agree=True, minimum=1,
         lf_key=None, lf_source="the vision config's `spatial_merge_size`")
@@ -174,6 +180,7 @@ class ODBConfig:
 
     def __post_init__(self) -> None:
         self.vision_token_ids = tuple(int(t) for t in self.vision_token_ids)
+        self.audio_token_ids = tuple(int(t) for t in self.audio_token_ids)
         self.validate()
 
     def validate(self) -> None:
@@ -208,6 +215,7 @@ class ODBConfig:
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out["vision_token_ids"] = list(self.vision_token_ids)
+        out["audio_token_ids"] = list(self.audio_token_ids)
         return out
 
     @classmethod

@@ -17,9 +17,15 @@ class SampleCost(NamedTuple):
     input_tokens: int        # LLM input tokens: what the padded/packed budget is made of
     label_tokens: int        # supervised tokens (labels != ignore_index): the loss denominator
     vision_patches: int = 0  # vision-encoder patches (before spatial merge)
+    audio_frames: int = 0    # valid mel frames of the sample's audio clips
 
 
 CostFn = Callable[[Any], SampleCost]
+
+# Qwen2.5-Omni's audio tower halves the frames twice (a stride-2 convolution, then pooling):
+# one audio token in the text stands for about four mel frames.
+FRAMES_PER_AUDIO_TOKEN = 4
+AUDIO_MASK_KEY = "feature_attention_mask"
 
 
 class MissingCostKeyError(LookupError):
@@ -59,12 +65,13 @@ class DefaultCost:
     """LLM tokens = len(input_ids); supervised tokens = #(labels[1:] != ignore_index)
     (the tokens a shifted causal-LM loss averages over; label_shift=False counts all);
     vision patches from `image_grid_thw` (sum of t*h*w) or, when the sample carries no grid,
-    `#(vision pad tokens) * spatial_merge_size**2`."""
+    `#(vision pad tokens) * spatial_merge_size**2`; audio frames from `feature_attention_mask`
+    (its valid frames) or, without it, `#(audio tokens) * FRAMES_PER_AUDIO_TOKEN`."""
 
     def __init__(self, length_key: str = "input_ids", label_key: Optional[str] = "labels",
                  ignore_index: int = -100, image_grid_key: str = "image_grid_thw",
                  vision_token_ids: Sequence[int] = (), spatial_merge_size: int = 2,
-                 label_shift: bool = True):
+                 label_shift: bool = True, audio_token_ids: Sequence[int] = ()):
         self.length_key = length_key
         self.label_key = label_key
         self.ignore_index = ignore_index
@@ -72,12 +79,13 @@ class DefaultCost:
         self.vision_token_ids = tuple(vision_token_ids)
         self.spatial_merge_size = spatial_merge_size
         self.label_shift = label_shift
+        self.audio_token_ids = tuple(audio_token_ids)
 
     @classmethod
     def from_config(cls, config) -> "DefaultCost":
         return cls(config.length_key, config.label_key, config.ignore_index,
                    config.image_grid_key, config.vision_token_ids, config.spatial_merge_size,
-                   config.label_shift)
+                   config.label_shift, config.audio_token_ids)
 
     def __call__(self, sample: Any) -> SampleCost:
         try:
@@ -105,4 +113,10 @@ class DefaultCost:
             patches = sum(int(t) * int(h) * int(w) for t, h, w in rows)
         elif self.vision_token_ids:
             patches = _count_in(ids, self.vision_token_ids) * self.spatial_merge_size ** 2
-        return SampleCost(tokens, label_tokens, patches)
+        frames = 0
+        mask = get(AUDIO_MASK_KEY) if get is not None else None
+        if mask is not None:
+            frames = int(numpy.count_nonzero(_host_array(mask)))
+        elif self.audio_token_ids:
+            frames = _count_in(ids, self.audio_token_ids) * FRAMES_PER_AUDIO_TOKEN
+        return SampleCost(tokens, label_tokens, patches, frames)

@@ -168,3 +168,15 @@ def test_vision_patches_reach_the_loader_steps_in_process():
     finally:
         loader.close()
     assert sorted(seen) == list(range(10))
+
+
+def test_audio_frames_from_the_feature_mask_or_the_audio_tokens():
+    AUDIO = 77
+    ids = [1, AUDIO, AUDIO, AUDIO, 2, AUDIO, 3]
+    # valid frames of two padded clips: 10 + 3 (the padding beyond them is not audio)
+    mask = torch.tensor([[1] * 10 + [0] * 6, [1] * 3 + [0] * 13])
+    assert DefaultCost(audio_token_ids=[AUDIO])({"input_ids": ids, "feature_attention_mask": mask}) \
+        == SampleCost(7, 7, 0, 13)
+    # LLaMA-Factory's lazy samples carry only the expanded text: 4 audio tokens, 4 frames each
+    assert DefaultCost(audio_token_ids=[AUDIO])({"input_ids": ids}).audio_frames == 16
+    assert DefaultCost()({"input_ids": ids}).audio_frames == 0  # no audio ids: not counted

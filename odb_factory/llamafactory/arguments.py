@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from ..config import LF_PREFIX, ODBConfig, lf_defaults, lf_keys, option, typed_dataclass, unknown_key_message
 
 SUPPORTED_STAGES = ("sft",)
-BALANCE_STAGES = ("llm", "vision")
+BALANCE_STAGES = ("llm", "vision", "audio")
 
 
 @dataclass
@@ -35,8 +35,8 @@ class AdapterOptions:
         "(row length)² mask per row instead of one (Σ len)² mask. None: one row per group.",
         agree=True, minimum=1)
     balance_stages: List[str] = option(
-        doc="With `odb_balance`: `llm` (sample exchange in the loader) and/or `vision` (encoder "
-        "stage, Qwen3-VL).", agree=True, choices=BALANCE_STAGES, default_factory=lambda: ["llm"])
+        doc="With `odb_balance`: `llm` (sample exchange in the loader), `vision` (encoder stage, "
+        "Qwen3-VL) and/or `audio` (audio encoder stage, Qwen2.5-Omni).", agree=True, choices=BALANCE_STAGES, default_factory=lambda: ["llm"])
 
     def __post_init__(self) -> None:
         for stage in self.balance_stages:
@@ -61,6 +61,7 @@ class ODBRunOptions:
     adapter: AdapterOptions
     config: ODBConfig
     vision_stage: bool = False     # balance the vision encoder stage inside the model
+    audio_stage: bool = False      # balance the audio encoder stage inside the model
 
     def value_of(self, key: str) -> Any:
         """The parsed value of YAML key `key` (e.g. "odb_token_budget")."""
@@ -68,7 +69,7 @@ class ODBRunOptions:
         if name in ADAPTER_KEYS:
             return getattr(self.adapter, name)
         if name == "balance":
-            return self.config.balance or self.vision_stage
+            return self.config.balance or self.vision_stage or self.audio_stage
         return getattr(self.config, lf_keys()[name])
 
 
@@ -110,7 +111,8 @@ def parse_odb_arguments(values: Mapping[str, Any]) -> ODBRunOptions:
     if adapter.padding_free:
         engine_values = padding_free_costs(engine_values)
     config = typed_dataclass(ODBConfig, engine_values, base=lf_defaults(), key_of=key_of)
-    return ODBRunOptions(adapter, config, vision_stage=requested and "vision" in adapter.balance_stages)
+    return ODBRunOptions(adapter, config, vision_stage=requested and "vision" in adapter.balance_stages,
+                         audio_stage=requested and "audio" in adapter.balance_stages)
 
 
 # what a padding-free group costs: its real tokens (grouping) and Σ a·len + b·len² (balancing)
@@ -207,6 +209,11 @@ def version_problems(odb: ODBRunOptions, raw: Mapping[str, Any], transformers_ve
         problems.append(f"odb_balance_stages: [vision] runs inside Qwen3-VL's forward as transformers "
                         f"4.57.1-4.57.6 and 5.6.0 write it; transformers {transformers_version} is "
                         "installed. Use odb_balance_stages: [llm]")
+    from odb_factory_patches.transformers_qwen2_5_omni import TRANSFORMERS_VERSIONS as AUDIO_VERSIONS
+    if odb.audio_stage and transformers_version not in AUDIO_VERSIONS:
+        problems.append(f"odb_balance_stages: [audio] runs inside Qwen2.5-Omni's thinker as transformers "
+                        f"4.57.1-4.57.6 and 5.6.0 write it; transformers {transformers_version} is "
+                        "installed. Remove audio from odb_balance_stages")
     if raw.get("include_tokens_per_second") and transformers_version.startswith("4."):
         problems.append("include_tokens_per_second: transformers 4.x counts the tokens by iterating the "
                         "training loader once before training (a whole extra epoch of ODB's lazy "
@@ -223,6 +230,22 @@ def vision_stage_refusal(model_type: Optional[str]) -> Optional[str]:
         return None
     return (f"odb_balance_stages: [vision] supports Qwen3-VL models; this model is '{model_type}'. "
             "Use odb_balance_stages: [llm]")
+
+
+AUDIO_STAGE_MODEL_TYPES = ("qwen2_5_omni", "qwen2_5_omni_thinker")
+
+
+def audio_stage_refusal(model_type: Optional[str]) -> Optional[str]:
+    """Why `odb_balance_stages: [audio]` cannot run on a model of this type (None: it can)."""
+    if model_type in AUDIO_STAGE_MODEL_TYPES:
+        return None
+    if model_type is not None and model_type.startswith("qwen3_omni"):
+        return ("odb_balance_stages: [audio]: Qwen3-Omni's audio tower attends across the clips of "
+                "one call under sdpa (it builds no mask between them), so encoding a clip beside "
+                "other ranks' clips would change its embeddings. Remove audio from "
+                "odb_balance_stages")
+    return (f"odb_balance_stages: [audio] supports Qwen2.5-Omni models; this model is "
+            f"'{model_type}'. Remove audio from odb_balance_stages")
 
 
 def check_model(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
@@ -242,6 +265,7 @@ def model_refusal(odb: ODBRunOptions, model_type: Optional[str]) -> Optional[str
     """Why this run's ODB options cannot train a model of this type (None: they can)."""
     from .padding_free import padding_free_refusal
     reasons = [vision_stage_refusal(model_type) if odb.vision_stage else None,
+               audio_stage_refusal(model_type) if odb.audio_stage else None,
                padding_free_refusal(model_type) if odb.adapter.padding_free else None]
     reasons = [r for r in reasons if r is not None]
     return "\n".join(reasons) if reasons else None

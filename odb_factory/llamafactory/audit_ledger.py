@@ -1,7 +1,7 @@
 """The audit ledger: one JSON line per optimizer step and rank (`odb_audit_dir`), and its reader.
 
 A line holds what the rank trained in that optimizer step: the dataset rows, input and padded
-tokens, the attention term Σ n·L² of its padded micro-batches, vision patches, micro-steps
+tokens, the attention term Σ n·L² of its padded micro-batches, vision patches, audio frames, micro-steps
 (and how many were IDLE) and the wall time. Tests read it to prove coverage; `bench/` reads
 it to fit the step-time model.
 """
@@ -28,6 +28,7 @@ def step_record(step: int, epoch: int, micro_steps: Sequence, row_of: Callable[[
         "attention_cost": sum(s.padded_tokens * s.padded_tokens / len(s.indices)
                               for s in micro_steps if s.indices),
         "vision_patches": sum(s.vision_patches for s in micro_steps),
+        "audio_frames": sum(s.audio_frames for s in micro_steps),
         "wall_time": time.time(),
         "micro_steps": len(micro_steps),
         "idle_micro_steps": sum(s.is_idle for s in micro_steps),

@@ -11,6 +11,7 @@ from transformers import TrainerCallback
 
 from . import state
 from .audit_ledger import AuditLedger, step_record
+from .encoder_metrics import EncoderStageMetrics
 
 STATE_FILE = "odb_state_rank{rank}.json"
 
@@ -29,6 +30,7 @@ class ODBCallback(TrainerCallback):
         self.max_steps_from_user = max_steps_from_user
         self.num_train_epochs = num_train_epochs
         self.window: Dict[str, float] = {}
+        self.encoder_stages = EncoderStageMetrics()
         self.resume_from: Optional[str] = None   # set by the trainer's train()
 
     def on_train_begin(self, args, trainer_state, control, **kwargs):
@@ -114,6 +116,7 @@ class ODBCallback(TrainerCallback):
                                                    "global_grouping_rounds") if k in w})
         return {
             **balance,
+            **self.encoder_stages.pop(),
             "odb/padding_efficiency": round(w.get("input_tokens", 0.0) / padded, 4) if padded else 0.0,
             "odb/tokens_per_step": round(w.get("input_tokens", 0.0) / micro, 1),
             "odb/samples_per_step": round(w.get("samples", 0.0) / micro, 2),

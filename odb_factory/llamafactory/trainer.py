@@ -57,6 +57,16 @@ def sample_progress_lambda(original, num_training_steps: int):
     return lr_lambda
 
 
+def _token_id(model_config: Any, kind: str) -> Optional[int]:
+    """The model's `kind` (image, video, audio) placeholder token id: `<kind>_token_id`, or
+    `<kind>_token_index` as the Omni configs name it."""
+    for name in (f"{kind}_token_id", f"{kind}_token_index"):
+        value = getattr(model_config, name, None)
+        if value is not None:
+            return int(value)
+    return None
+
+
 class ODBTrainerMixin:
     """Mixed in front of LLaMA-Factory's CustomSeq2SeqTrainer."""
 
@@ -83,8 +93,8 @@ class ODBTrainerMixin:
         refusal = model_refusal(self._odb, getattr(getattr(model, "config", None), "model_type", None))
         if refusal is not None:  # a hub model id, not checked at parse time
             raise ValueError(refusal)
-        if self._odb.vision_stage:
-            self._odb_balance_vision_stage()
+        if self._odb.vision_stage or self._odb.audio_stage:
+            self._odb_balance_encoder_stages()
         self._odb_describe_steps()
 
     def _odb_resolve_loss_scaling(self) -> str:
@@ -118,20 +128,25 @@ class ODBTrainerMixin:
                            "gradient_accumulation_steps (the same global batch in fewer, fuller "
                            "micro-batches) or use odb_step: groups")
 
-    def _odb_balance_vision_stage(self) -> None:
+    def _odb_balance_encoder_stages(self) -> None:
         """Encoder-stage balancing (docs/encoder_balancing.md) over a group of its own, so its
-        exchanges never interleave with DDP's or the loader's on a shared group."""
+        exchanges never interleave with DDP's or the loader's on a shared group. Within a
+        forward the audio stage runs before the vision stage on every rank, so they share it."""
         import datetime
 
         import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
-        from odb_factory_patches import transformers_qwen3_vl
         config = self._odb.config
         group = dist.new_group(timeout=datetime.timedelta(seconds=config.sync_timeout_s))
-        transformers_qwen3_vl.apply(group=group,
-                                    ranks_per_node=ranks_per_node(config.ranks_per_node, dist.get_world_size()),
-                                    timeout_s=config.sync_timeout_s)
+        options = dict(ranks_per_node=ranks_per_node(config.ranks_per_node, dist.get_world_size()),
+                       timeout_s=config.sync_timeout_s)
+        if self._odb.vision_stage:
+            from odb_factory_patches import transformers_qwen3_vl
+            transformers_qwen3_vl.apply(group=group, **options)
+        if self._odb.audio_stage:
+            from odb_factory_patches import transformers_qwen2_5_omni
+            transformers_qwen2_5_omni.apply(group=group, **options)
 
     # ------------------------------------------------------------------ data
     def get_train_dataloader(self):
@@ -143,8 +158,9 @@ class ODBTrainerMixin:
         args, odb = self.args, self._odb
         model = self.accelerator.unwrap_model(self.model) if self.model is not None else None
         model_config = getattr(model, "config", None)
-        vision_ids = [t for t in (getattr(model_config, "image_token_id", None),
-                                  getattr(model_config, "video_token_id", None)) if t is not None]
+        vision_ids = [t for t in (_token_id(model_config, "image"), _token_id(model_config, "video"))
+                      if t is not None]
+        audio_id = _token_id(model_config, "audio")
         vision_config = getattr(model_config, "vision_config", None)
         # The engine fields LLaMA-Factory owns (ODBConfig's `lf_source` says where each comes from).
         cfg = dataclasses.replace(
@@ -160,6 +176,7 @@ class ODBTrainerMixin:
             num_workers=max(1, args.dataloader_num_workers),
             pad_to_multiple_of=getattr(self.data_collator, "pad_to_multiple_of", None) or 1,
             vision_token_ids=tuple(vision_ids),
+            audio_token_ids=(audio_id,) if audio_id is not None else (),
             spatial_merge_size=getattr(vision_config, "spatial_merge_size", 2),
             balance=odb.config.balance)
         standard_steps = self._odb_standard_steps if self._odb_samples_mode else None

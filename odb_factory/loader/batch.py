@@ -18,6 +18,7 @@ class ODBBatch:
     global_label_tokens: supervised tokens of all ranks over this step's gradient-accumulation
         window (the exact loss denominator).
     vision_patches: vision-encoder patches of this rank's group (as the loader placed it).
+    audio_frames: valid audio mel frames of this rank's group (as the loader placed it).
     loss_scale: multiply this rank's per-token *mean* loss by it; with DDP's gradient
         average the result is the gradient of the global per-token mean (see README).
     sample_weights: step_mode="samples": per sample of `data`, the weight of its summed token
@@ -35,6 +36,7 @@ class ODBBatch:
     input_tokens: int = 0
     padded_tokens: int = 0
     vision_patches: int = 0
+    audio_frames: int = 0
     global_num_samples: int = 0
     metrics: Dict[str, float] = field(default_factory=dict)
     sample_weights: List[float] = field(default_factory=list)

@@ -346,7 +346,7 @@ class ODBDataLoader:
                         global_label_tokens=plan.global_label_tokens, loss_scale=scale,
                         is_idle=plan.is_idle, epoch=plan.epoch, step=plan.step,
                         input_tokens=plan.input_tokens, padded_tokens=plan.padded_tokens,
-                        vision_patches=plan.vision_patches,
+                        vision_patches=plan.vision_patches, audio_frames=plan.audio_frames,
                         global_num_samples=plan.global_num_samples, metrics=metrics,
                         sample_weights=list(plan.sample_weights), optimizer_step_end=plan.step_end)
 

@@ -43,6 +43,7 @@ class StepPlan:
     input_tokens: int             # LLM input tokens of this rank's group
     padded_tokens: int            # tokens the group occupies under the budget's cost
     vision_patches: int           # vision-encoder patches of this rank's group
+    audio_frames: int             # valid audio mel frames of this rank's group
     global_label_tokens: int      # supervised tokens of the whole accumulation window
     global_num_samples: int       # samples of this step on all ranks
     round_stats: Dict[str, float] = field(default_factory=dict)
@@ -302,6 +303,7 @@ class EpochPlanner:
                 label_tokens=slot.label_tokens, input_tokens=slot.input_tokens,
                 padded_tokens=slot.padded_tokens,
                 vision_patches=sum(s.cost.vision_patches for s in slot.samples),
+                audio_frames=sum(s.cost.audio_frames for s in slot.samples),
                 global_label_tokens=window_tokens,
                 global_num_samples=slot.global_samples,
                 round_stats=round_stats,

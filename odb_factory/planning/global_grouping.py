@@ -68,9 +68,9 @@ def regroup_round(costs: Sequence[Sequence[Sequence[SampleCost]]], budget: Budge
     if groups is None:
         return None
     groups = [[k] for k in alone] + groups
-    if budget.max_vision_patches is not None and not all(
+    if budget.has_encoder_caps and not all(
             budget.fits([PlannedSample(k, 0, samples[k]) for k in g]) for g in groups if len(g) > 1):
-        return None  # the vision-patch cap rules this partition out
+        return None  # the vision-patch or audio-frame cap rules this partition out
     return _layout(groups, samples, tokens, sources, world, slots, ranks_per_node, cost_model, seed,
                    padded=budget.cost_mode == "padded")
 

@@ -29,11 +29,24 @@ class Budget:
     cost_mode: str = "padded"          # "padded" | "packed"
     pad_to_multiple_of: int = 1
     max_vision_patches: Optional[int] = None
+    max_audio_frames: Optional[int] = None
 
     @classmethod
     def from_config(cls, config) -> "Budget":
         return cls(config.token_budget, config.cost_mode, config.pad_to_multiple_of,
-                   config.max_vision_patches)
+                   config.max_vision_patches, config.max_audio_frames)
+
+    @property
+    def has_encoder_caps(self) -> bool:
+        return self.max_vision_patches is not None or self.max_audio_frames is not None
+
+    def encoder_caps_hold(self, patches: int, frames: int) -> bool:
+        return ((self.max_vision_patches is None or patches <= self.max_vision_patches)
+                and (self.max_audio_frames is None or frames <= self.max_audio_frames))
+
+    def describe_caps(self) -> str:
+        return ((f" / vision cap {self.max_vision_patches}" if self.max_vision_patches else "")
+                + (f" / audio cap {self.max_audio_frames} frames" if self.max_audio_frames else ""))
 
     def padded_length(self, tokens: int) -> int:
         m = self.pad_to_multiple_of
@@ -50,9 +63,8 @@ class Budget:
     def fits(self, samples: Sequence[PlannedSample]) -> bool:
         if self.group_cost(samples) > self.token_budget:
             return False
-        if self.max_vision_patches is not None:
-            return sum(s.cost.vision_patches for s in samples) <= self.max_vision_patches
-        return True
+        return self.encoder_caps_hold(sum(s.cost.vision_patches for s in samples),
+                                      sum(s.cost.audio_frames for s in samples))
 
 
 class OverBudgetError(ValueError):
@@ -82,16 +94,15 @@ def form_groups(samples: Sequence[PlannedSample], budget: Budget,
     oversized: List[PlannedSample] = []
     # the first sample that fits alone starts `current`: these starting values are never read
     current: List[PlannedSample] = []  # pragma: no mutate
-    head_len = packed = patches = 0  # pragma: no mutate, running cost of `current` (head: longest)
+    head_len = packed = patches = frames = 0  # pragma: no mutate, running cost of `current` (head: longest)
     for sample in ordered:
-        tokens, vision = sample.cost.input_tokens, sample.cost.vision_patches
+        tokens, vision, audio = sample.cost.input_tokens, sample.cost.vision_patches, sample.cost.audio_frames
         if not budget.fits([sample]):
             if over_budget == "error":
                 raise OverBudgetError(
                     f"sample {sample.index} costs {budget.group_cost([sample])} tokens"
-                    f" ({tokens} LLM tokens, {vision} vision patches) alone, over the token"
-                    f" budget {budget.token_budget}"
-                    + (f" / vision cap {budget.max_vision_patches}" if budget.max_vision_patches else "")
+                    f" ({tokens} LLM tokens, {vision} vision patches, {audio} audio frames) alone,"
+                    f" over the token budget {budget.token_budget}" + budget.describe_caps()
                     + "; raise the budget, lower cutoff_len/image pixels, or set over_budget='singleton'")
             oversized.append(sample)
             groups.append([sample])
@@ -103,15 +114,14 @@ def form_groups(samples: Sequence[PlannedSample], budget: Budget,
                 cost = packed + tokens
             else:
                 cost = (len(current) + 1) * budget.padded_length(head_len)
-            vision_ok = (budget.max_vision_patches is None
-                         or patches + vision <= budget.max_vision_patches)
-            if cost <= budget.token_budget and vision_ok:
+            if cost <= budget.token_budget and budget.encoder_caps_hold(patches + vision, frames + audio):
                 current.append(sample)
                 packed += tokens
                 patches += vision
+                frames += audio
                 continue
             groups.append(current)
-        current, head_len, packed, patches = [sample], tokens, tokens, vision
+        current, head_len, packed, patches, frames = [sample], tokens, tokens, vision, audio
     if current:
         groups.append(current)
     return Grouping(groups, oversized)

@@ -20,9 +20,9 @@ from odb_factory.planning.views import cycling_view, epoch_view
 from tests.planning.test_protocol_properties import worlds
 
 
-def sample(uid, tokens, labels=None, patches=0, index=None):
+def sample(uid, tokens, labels=None, patches=0, index=None, frames=0):
     return PlannedSample(uid, uid if index is None else index,
-                         SampleCost(tokens, tokens if labels is None else labels, patches))
+                         SampleCost(tokens, tokens if labels is None else labels, patches, frames))
 
 
 def uids(groups):
@@ -116,13 +116,26 @@ def test_vision_cap_cuts_a_run():
     assert uids(form_groups(samples, Budget(100, max_vision_patches=69)).groups) == [[0], [1, 2]]
 
 
+def test_audio_cap_cuts_a_run_and_names_itself():
+    samples = [sample(0, 5, frames=900), sample(1, 4, frames=300), sample(2, 3, frames=400)]
+    assert uids(form_groups(samples, Budget(100, max_audio_frames=1200)).groups) == [[0, 1], [2]]
+    assert uids(form_groups(samples, Budget(100, max_audio_frames=1600)).groups) == [[0, 1, 2]]
+    assert uids(form_groups(samples, Budget(100, max_audio_frames=1199)).groups) == [[0], [1, 2]]
+    both = Budget(100, max_vision_patches=10, max_audio_frames=1600)
+    assert uids(form_groups(samples, both).groups) == [[0, 1, 2]]  # no patches: vision cap idle
+    with pytest.raises(OverBudgetError, match=r"900 audio frames\) alone, over the token budget "
+                                              r"100 / audio cap 800 frames;"):
+        form_groups(samples, Budget(100, max_audio_frames=800), over_budget="error")
+
+
 def test_over_budget_policies():
     samples = [sample(0, 50, index=70), sample(1, 8), sample(2, 60, patches=3, index=72), sample(3, 8)]
     grouping = form_groups(samples, Budget(40))
     assert uids(grouping.groups) == [[2], [0], [1, 3]]
     assert [s.uid for s in grouping.over_budget] == [2, 0]
     with pytest.raises(OverBudgetError, match=r"sample 72 costs 60 tokens \(60 LLM tokens, 3 vision "
-                                              r"patches\) alone, over the token budget 40;"):
+                                              r"patches, 0 audio frames\) alone, over the token "
+                                              r"budget 40;"):
         form_groups(samples, Budget(40), over_budget="error")
     with pytest.raises(OverBudgetError, match=r"budget 100 / vision cap 2;"):
         form_groups(samples, Budget(100, max_vision_patches=2), over_budget="error")
