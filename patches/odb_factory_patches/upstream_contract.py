@@ -208,6 +208,7 @@ def _probe_pixel_identity() -> str | None:
 _LOADER = "odb_factory/loader/loader.py"
 _TRAINER = "odb_factory/llamafactory/trainer.py"
 _LAZY = "odb_factory/llamafactory/lazy_dataset.py"
+_AUDIO = "patches/odb_factory_patches/llamafactory_audio_reading.py"
 _QWEN = "patches/odb_factory_patches/transformers_qwen3_vl.py"
 _SELF_KW = ("self", "**kwargs")
 _TF457 = ("4.57.1", "4.57.6")
@@ -404,6 +405,14 @@ CONTRACT: tuple = (
           "the same call for Qwen2.5-VL", params=_PROCESS_MESSAGES),
     Entry("llamafactory", "llamafactory.data.mm_plugin:Qwen3VLPlugin.process_messages", _LAZY,
           "the same call for Qwen3-VL", params=_PROCESS_MESSAGES),
+    Entry("llamafactory", "llamafactory.data.mm_plugin:MMPluginMixin._regularize_audios", _AUDIO,
+          "replaced: decodes with soundfile, then PyAV, where upstream's torchaudio.load needs torchcodec and "
+          "a system FFmpeg; returns the same audios/sampling_rates dict",
+          params=("self", "audios", "sampling_rate", "**kwargs"),
+          uses=("torchaudio", "load", "resample", "audios", "sampling_rates")),
+    Entry("llamafactory", "llamafactory.data.mm_plugin:Qwen2OmniPlugin._get_mm_inputs", _AUDIO,
+          "Qwen2.5-Omni reads its audios through _regularize_audios (the replaced method)",
+          uses=("_regularize_audios", "audio_sampling_rate")),
     # ---- Qwen3-VL vision balancing
     Entry("transformers", f"{_QWEN3VL}:Qwen3VLModel.forward", _QWEN, _QWEN_FORWARD_WHY,
           params=_QWEN_FORWARD_PARAMS + ("mm_token_type_ids", "**kwargs"),
