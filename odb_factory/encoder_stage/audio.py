@@ -99,7 +99,7 @@ class AudioBalancer:
         self.enabled = enabled
         self.step = 0
         self.last_stats: AudioStepStats | None = None
-        self.history: list[dict] = []  # summaries of recent calls (bounded)
+        self.history: list[AudioStepStats] = []  # recent calls (bounded)
         self.max_history = 1000
 
     def plan(self, local_frames: list[int], mel_bins: int, hidden: int,
@@ -119,11 +119,31 @@ class AudioBalancer:
         ``get_audio_features`` would return them (its ``last_hidden_state``). Collective over
         ``group``: every rank calls it, also with ``input_features=None``."""
         param = next(audio_tower.parameters())
+        hidden = int(audio_tower.config.output_dim)
+        empty = torch.empty((0, hidden), dtype=param.dtype, device=param.device)
+        if not self.enabled:
+            rows, frames = valid_frames(input_features, feature_attention_mask)
+            return self._tower(audio_tower, rows, frames, param) if frames else empty
+        share_out = self.encode_share(input_features, feature_attention_mask, audio_tower)
+        if share_out is None:
+            return empty
+        stats = self.last_stats
+        t0 = time.perf_counter()
+        embeds, stats.embed_bytes_sent = return_outputs(
+            share_out, stats.plan, group_rank_world(self.group)[0], self.group,
+            what="audio embeddings", step=self.step, timeout_s=self.timeout_s)
+        stats.embed_exchange_s = time.perf_counter() - t0
+        return embeds
+
+    def encode_share(self, input_features: torch.Tensor | None,
+                     feature_attention_mask: torch.Tensor | None,
+                     audio_tower: Any) -> torch.Tensor | None:
+        """Steps 1-4 of ``encode``: the tower's output rows of this rank's share (share
+        order), still to be returned to their owners (``self.last_stats.plan`` says how);
+        None when no rank has a clip. Collective, like ``encode``."""
+        param = next(audio_tower.parameters())
         mel_bins, hidden = int(audio_tower.config.num_mel_bins), int(audio_tower.config.output_dim)
         rows, frames = valid_frames(input_features, feature_attention_mask)
-        if not self.enabled:
-            return self._tower(audio_tower, rows, frames, param) if frames else \
-                torch.empty((0, hidden), dtype=param.dtype, device=param.device)
         rank, _ = group_rank_world(self.group)
         self.step += 1
         stats = AudioStepStats(plan=None)
@@ -131,9 +151,9 @@ class AudioBalancer:
         plan = self.plan(frames, mel_bins, hidden, param.dtype)
         stats.plan, stats.plan_s = plan, time.perf_counter() - t0
         stats.local_clips, stats.share_clips = len(frames), len(plan.shares[rank])
+        self._record(stats)
         if plan.num_items == 0:  # nobody has a clip: skip on every rank alike
-            self._record(stats)
-            return torch.empty((0, hidden), dtype=param.dtype, device=param.device)
+            return None
 
         t0 = time.perf_counter()
         if rows is None:
@@ -153,14 +173,7 @@ class AudioBalancer:
         if stats.dummy:
             out = out[:0]
         stats.tower_s = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        embeds, stats.embed_bytes_sent = return_outputs(
-            out, plan, rank, self.group, what="audio embeddings", step=self.step,
-            timeout_s=self.timeout_s)
-        stats.embed_exchange_s = time.perf_counter() - t0
-        self._record(stats)
-        return embeds
+        return out
 
     @staticmethod
     def _tower(audio_tower: Any, rows: torch.Tensor, frames: list[int], param) -> torch.Tensor:
@@ -170,6 +183,7 @@ class AudioBalancer:
         return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
     def _record(self, stats: AudioStepStats) -> None:
+        # recorded before the embedding exchange, whose figures are filled in afterwards
         self.last_stats = stats
         self.history.append(stats.summary())
         del self.history[:-self.max_history]

@@ -110,8 +110,10 @@ def _grid_list(grid_thw: torch.Tensor | None) -> list[tuple[int, int, int]]:
 
 
 def _tower_outputs(out: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    if isinstance(out, torch.Tensor):  # a tower without deepstack, as transformers 4.57 returns it
+        return out, []
     if hasattr(out, "pooler_output"):
-        return out.pooler_output, list(out.deepstack_features or [])
+        return out.pooler_output, list(getattr(out, "deepstack_features", None) or [])
     embeds, deepstack = out[0], out[1] if len(out) > 1 else []
     return embeds, list(deepstack or [])
 
@@ -139,7 +141,7 @@ class VisionBalancer:
         self.enabled = enabled
         self.step = 0
         self.last_stats: VisionStepStats | None = None
-        self.history: list[dict] = []  # summaries of recent calls (bounded)
+        self.history: list[VisionStepStats] = []  # recent calls (bounded)
         self.max_history = 1000
 
     @property
@@ -174,6 +176,25 @@ class VisionBalancer:
         dims = dims or TowerDims.of(vision_tower)
         if not self.enabled:
             return self._local(pixel_values, grid_thw, vision_tower, dims)
+        share_out = self.encode_share(pixel_values, grid_thw, vision_tower, plan=plan, dims=dims)
+        if share_out is None:
+            return self._empty(dims)
+        stats, rank = self.last_stats, self.rank_world[0]
+        t0 = time.perf_counter()
+        out, stats.embed_bytes_sent = return_outputs(
+            share_out, stats.plan, rank, self.group, what="vision embeddings", step=self.step,
+            timeout_s=self.timeout_s)
+        stats.embed_exchange_s = time.perf_counter() - t0
+        return self.unpack(out, dims)
+
+    def encode_share(self, pixel_values: torch.Tensor | None, grid_thw: torch.Tensor | None,
+                     vision_tower: Any, *, plan: VisionPlan | None = None,
+                     dims: TowerDims | None = None) -> torch.Tensor | None:
+        """Steps 1-4 of ``encode``: the tower's output rows of this rank's share (merged
+        embeddings and deepstack levels side by side, share order), still to be returned to
+        their owners (``self.last_stats.plan`` says how); None when no rank has an item.
+        Collective, like ``encode``."""
+        dims = dims or TowerDims.of(vision_tower)
         rank, world = self.rank_world
         self.step += 1
         stats = VisionStepStats(plan=None, composed=plan is not None)
@@ -187,9 +208,9 @@ class VisionBalancer:
         stats.plan_s = time.perf_counter() - t0
         stats.local_items = len(plan.grids[rank])
         stats.share_items = len(plan.shares[rank])
+        self._record(stats)
         if plan.num_items == 0:  # nobody has anything: skip on every rank alike
-            self._record(stats)
-            return self._empty(dims)
+            return None
 
         # (3) pixels to their vision rank
         width = dims.pixel_width
@@ -230,23 +251,17 @@ class VisionBalancer:
             packed = packed[:0]
         stats.tower_s = time.perf_counter() - t0
 
-        # (5) embeddings back to their owners (differentiable)
-        t0 = time.perf_counter()
-        out, stats.embed_bytes_sent = return_outputs(
-            packed, plan, rank, self.group, what="vision embeddings", step=self.step,
-            timeout_s=self.timeout_s)
-        stats.embed_exchange_s = time.perf_counter() - t0
-        self._record(stats)
-        return self._unpack(out, dims)
+        return packed
 
     # ---- helpers ------------------------------------------------------------------------
     def _record(self, stats: VisionStepStats) -> None:
+        # recorded before the embedding exchange, whose figures are filled in afterwards
         self.last_stats = stats
-        self.history.append(stats.summary())
+        self.history.append(stats)
         del self.history[:-self.max_history]
 
     @staticmethod
-    def _unpack(out: torch.Tensor, dims: TowerDims) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def unpack(out: torch.Tensor, dims: TowerDims) -> tuple[torch.Tensor, list[torch.Tensor]]:
         h = dims.out_hidden
         if out.shape[1] != h * (1 + dims.num_deepstack):
             raise ValueError(f"embedding rows have width {out.shape[1]}, expected "

@@ -36,7 +36,8 @@ class AdapterOptions:
         agree=True, minimum=1)
     balance_stages: List[str] = option(
         doc="With `odb_balance`: `llm` (sample exchange in the loader), `vision` (encoder stage, "
-        "Qwen3-VL) and/or `audio` (audio encoder stage, Qwen2.5-Omni).", agree=True, choices=BALANCE_STAGES, default_factory=lambda: ["llm"])
+        "Qwen3-VL and Qwen2.5-Omni) and/or `audio` (audio encoder stage, Qwen2.5-Omni).",
+        agree=True, choices=BALANCE_STAGES, default_factory=lambda: ["llm"])
 
     def __post_init__(self) -> None:
         for stage in self.balance_stages:
@@ -206,7 +207,7 @@ def version_problems(odb: ODBRunOptions, raw: Mapping[str, Any], transformers_ve
                         "s_aux.to() with s_aux None); use flash_attn: sdpa, or transformers 4.57.6")
     from odb_factory_patches.transformers_qwen3_vl import TRANSFORMERS_VERSIONS as VISION_VERSIONS
     if odb.vision_stage and transformers_version not in VISION_VERSIONS:
-        problems.append(f"odb_balance_stages: [vision] runs inside Qwen3-VL's forward as transformers "
+        problems.append(f"odb_balance_stages: [vision] runs inside the model's forward as transformers "
                         f"4.57.1-4.57.6 and 5.6.0 write it; transformers {transformers_version} is "
                         "installed. Use odb_balance_stages: [llm]")
     from odb_factory_patches.transformers_qwen2_5_omni import TRANSFORMERS_VERSIONS as AUDIO_VERSIONS
@@ -221,14 +222,14 @@ def version_problems(odb: ODBRunOptions, raw: Mapping[str, Any], transformers_ve
     return problems
 
 
-VISION_STAGE_MODEL_TYPES = ("qwen3_vl",)
+VISION_STAGE_MODEL_TYPES = ("qwen3_vl", "qwen2_5_omni", "qwen2_5_omni_thinker")
 
 
 def vision_stage_refusal(model_type: Optional[str]) -> Optional[str]:
     """Why `odb_balance_stages: [vision]` cannot run on a model of this type (None: it can)."""
     if model_type in VISION_STAGE_MODEL_TYPES:
         return None
-    return (f"odb_balance_stages: [vision] supports Qwen3-VL models; this model is '{model_type}'. "
+    return (f"odb_balance_stages: [vision] supports Qwen3-VL and Qwen2.5-Omni models; this model is '{model_type}'. "
             "Use odb_balance_stages: [llm]")
 
 

@@ -7,11 +7,18 @@ from __future__ import annotations
 import sys
 from typing import Dict
 
-# stage -> the patch module whose `balancer()` runs it
-PATCHES = {"vision": "odb_factory_patches.transformers_qwen3_vl",
-           "audio": "odb_factory_patches.transformers_qwen2_5_omni"}
+QWEN3_VL, OMNI = "odb_factory_patches.transformers_qwen3_vl", "odb_factory_patches.transformers_qwen2_5_omni"
 SENT = {"vision": ("pixel_bytes_sent", "embed_bytes_sent"),
         "audio": ("frame_bytes_sent", "embed_bytes_sent")}
+
+
+def _balancers():
+    """(stage, balancer) of every applied encoder-stage patch (a run uses one model)."""
+    qwen3_vl, omni = sys.modules.get(QWEN3_VL), sys.modules.get(OMNI)
+    found = [("vision", qwen3_vl.balancer() if qwen3_vl is not None else None)]
+    if omni is not None:
+        found += [("audio", omni.balancer("audio")), ("vision", omni.balancer("vision"))]
+    return [(stage, b) for stage, b in found if b is not None]
 
 
 class EncoderStageMetrics:
@@ -20,14 +27,11 @@ class EncoderStageMetrics:
 
     def pop(self) -> Dict[str, float]:
         out: Dict[str, float] = {}
-        for stage, module_name in PATCHES.items():
-            module = sys.modules.get(module_name)
-            balancer = module.balancer() if module is not None else None
-            if balancer is None:
-                continue
+        for stage, balancer in _balancers():
             new = balancer.step - self.logged_steps.get(stage, 0)
             self.logged_steps[stage] = balancer.step
-            calls = [h for h in balancer.history[-new:] if h.get("items")] if new > 0 else []
+            recent = balancer.history[-new:] if new > 0 else []
+            calls = [s for s in (h.summary() for h in recent) if s.get("items")]
             if not calls:
                 continue
             for key in ("max_over_lb_before", "max_over_lb_after"):

@@ -131,7 +131,7 @@ class ODBTrainerMixin:
     def _odb_balance_encoder_stages(self) -> None:
         """Encoder-stage balancing (docs/encoder_balancing.md) over a group of its own, so its
         exchanges never interleave with DDP's or the loader's on a shared group. Within a
-        forward the audio stage runs before the vision stage on every rank, so they share it."""
+        forward both stages run in the same order on every rank, so they share it."""
         import datetime
 
         import torch.distributed as dist
@@ -141,12 +141,15 @@ class ODBTrainerMixin:
         group = dist.new_group(timeout=datetime.timedelta(seconds=config.sync_timeout_s))
         options = dict(ranks_per_node=ranks_per_node(config.ranks_per_node, dist.get_world_size()),
                        timeout_s=config.sync_timeout_s)
-        if self._odb.vision_stage:
+        model = self.accelerator.unwrap_model(self.model)
+        if getattr(model.config, "model_type", "").startswith("qwen2_5_omni"):
+            from odb_factory_patches import transformers_qwen2_5_omni
+            stages = tuple(s for s, on in (("audio", self._odb.audio_stage),
+                                           ("vision", self._odb.vision_stage)) if on)
+            transformers_qwen2_5_omni.apply(group, stages, **options)
+        else:
             from odb_factory_patches import transformers_qwen3_vl
             transformers_qwen3_vl.apply(group=group, **options)
-        if self._odb.audio_stage:
-            from odb_factory_patches import transformers_qwen2_5_omni
-            transformers_qwen2_5_omni.apply(group=group, **options)
 
     # ------------------------------------------------------------------ data
     def get_train_dataloader(self):

@@ -221,30 +221,42 @@ def test_audio_tower_embeddings_and_gradients_equal_local_encoding(case):
         assert res[0]["moved"] > 0 and res[0]["lb_after"] < res[0]["lb_before"]
 
 
-def _thinker_rank(rank, world, case):
+IMAGE_TOKEN = 91
+IMAGES = [[(1, 4, 4)], [(1, 8, 8), (1, 4, 8)], []]  # per rank of "uneven3": (t, h, w) patch grids
+
+
+def _thinker_rank(rank, world, case, stages):
     """The whole thinker forward with the patch: loss and every gradient equal upstream's."""
     import torch
-    import torch.distributed as dist
     from odb_factory_patches import transformers_qwen2_5_omni as patch
+    import torch.distributed as dist
     torch.set_num_threads(1)
     model = tiny_thinker()
     frames = CASES[case][rank]
     feats, mask = _clips(rank, frames)
     g = torch.Generator().manual_seed(900 + rank)
     audio = sum(audio_output_tokens(f) for f in frames)
+    grids = IMAGES[rank] if "vision" in stages else []
+    merged = sum(t * h * w // 4 for t, h, w in grids)
     text = torch.randint(0, 80, (40,), generator=g)
-    ids = torch.cat([text[:5], torch.full((audio,), AUDIO_TOKEN), text[5:]]).unsqueeze(0)
+    ids = torch.cat([text[:5], torch.full((audio,), AUDIO_TOKEN), text[5:9],
+                     torch.full((merged,), IMAGE_TOKEN), text[9:]]).unsqueeze(0)
     labels = ids.clone()
-    labels[0, :5 + audio] = -100
+    labels[0, :9 + audio + merged] = -100
     positions = torch.arange(ids.shape[1]).view(1, 1, -1).expand(3, 1, -1)
     kwargs = dict(input_ids=ids, labels=labels, position_ids=positions,
                   attention_mask=torch.ones_like(ids), use_cache=False)
     if frames:
         kwargs.update(input_features=feats, feature_attention_mask=mask)
+    if grids:
+        width = 3 * 2 * 14 * 14
+        rows = sum(t * h * w for t, h, w in grids)
+        kwargs.update(pixel_values=torch.randn(rows, width, generator=g, dtype=torch.float64),
+                      image_grid_thw=torch.tensor(grids))
     loss_ref = model(**kwargs).loss
     loss_ref.backward()
     g_off = _summed_grads(model)
-    bal = patch.apply(dist.new_group(backend="gloo"), ranks_per_node=1)
+    patch.apply(dist.new_group(backend="gloo"), stages, ranks_per_node=1)
     try:
         loss = model(**kwargs).loss
         loss.backward()
@@ -252,18 +264,21 @@ def _thinker_rank(rank, world, case):
         model.eval()  # eval is local: no exchange even though ranks differ
         with torch.no_grad():
             eval_loss = model(**kwargs).loss
+        balancers = {s: patch.balancer(s) for s in stages}
     finally:
         patch.remove()
     return dict(loss_err=abs(float(loss - loss_ref)) / abs(float(loss_ref)),
                 eval_err=abs(float(eval_loss - loss_ref)) / abs(float(loss_ref)),
-                grad_err=_worst_rel(g_on, g_off), calls=bal.step,
-                moved=len(bal.last_stats.plan.moved_items))
+                grad_err=_worst_rel(g_on, g_off),
+                calls={s: b.step for s, b in balancers.items()},
+                moved={s: len(b.last_stats.plan.moved_items) for s, b in balancers.items()})
 
 
-@pytest.mark.parametrize("case", ["uneven3"])
-def test_thinker_loss_and_gradients_with_audio_balancing_equal_upstream(case):
-    res = run_world(_thinker_rank, len(CASES[case]), case)
+@pytest.mark.parametrize("stages", [("audio",), ("audio", "vision")])
+def test_thinker_loss_and_gradients_with_encoder_balancing_equal_upstream(stages):
+    res = run_world(_thinker_rank, 3, "uneven3", stages)
     for r in res:
         assert r["loss_err"] <= 1e-12 and r["eval_err"] <= 1e-12 and r["grad_err"] <= 1e-10, res
-        assert r["calls"] == 1  # once per training forward, also on the rank without audio
-    assert res[0]["moved"] > 0
+        # once per training forward, also on the rank without audio (0) or images (2)
+        assert r["calls"] == {s: 1 for s in stages}
+    assert all(res[0]["moved"][s] > 0 for s in stages), res

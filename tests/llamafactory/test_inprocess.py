@@ -172,9 +172,20 @@ def test_vision_stage_on_a_text_model_is_refused_at_parse_time(lf, tmp_path, tin
     model = build_tiny_qwen3(tmp_path / "tiny_qwen3", seed=0)
     config = base_yaml(model, demo_data, tmp_path / "out", odb_enable=True, odb_balance=True,
                        odb_balance_stages=["llm", "vision"])
-    with pytest.raises(ValueError, match=r"^odb_balance_stages: \[vision\] supports Qwen3-VL models; "
+    with pytest.raises(ValueError, match=r"^odb_balance_stages: \[vision\] supports Qwen3-VL and Qwen2.5-Omni models; "
                                          r"this model is 'qwen3'\. Use odb_balance_stages: \[llm\]$"):
         lf[0](config)
+
+
+def test_audio_stage_on_a_vision_model_is_refused_at_parse_time(lf, tmp_path, tiny_model, demo_data):
+    from odb_factory.llamafactory.arguments import audio_stage_refusal
+    config = base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, odb_balance=True,
+                       odb_balance_stages=["llm", "audio"])
+    with pytest.raises(ValueError, match=r"^odb_balance_stages: \[audio\] supports Qwen2.5-Omni models; "
+                                         r"this model is 'qwen3_vl'\. Remove audio from odb_balance_stages$"):
+        lf[0](config)
+    assert "attends across the clips" in audio_stage_refusal("qwen3_omni_moe")
+    assert audio_stage_refusal("qwen2_5_omni") is None
 
 
 def test_padding_free_sets_its_costs_and_refuses_contradictions(lf, tmp_path, tiny_model, demo_data):
