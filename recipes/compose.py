@@ -50,6 +50,10 @@ NEEDS: dict[str, str] = {
                             + _PREPARE.format(set="ultrachat").split(", then")[0] + ", then dataset_dir=<data>"),
     "method/odb_padding_free": ("flash-attn 2 with transformers 4.57.6 (5.6.0's flash-attention path fails): "
                                 "pip install -r constraints-transformers-4.57.txt flash-attn"),
+    "model/qwen25omni_7b": "Qwen/Qwen2.5-Omni-7B (from the Hub, or model_name_or_path=<a local copy>)",
+    "data/omni_speech": ("speech data with an `audios` column in <data>/omni_speech.json (rows as "
+                         "recipes/data/dataset_info.json's omni_speech entry reads them), then add "
+                         "dataset_dir=<data> to the launch line"),
     "data/mm_mix": "MM-Mix stand-in (Alpaca, LLaVA, UltraChat, ShareGPT-4o): " + _PREPARE.format(set="mmmix"),
 }
 GPUS = {CLUSTER_8: "1 node x 8 GPUs (the paper: 96 GB H20s; lower odb_token_budget on smaller GPUs)",
@@ -89,6 +93,12 @@ RECIPES: dict[str, Recipe] = {
         _8B + ("data/sharegpt4o", "method/odb_samples", "method/odb_padding_free", "method/odb_balance",
                "deepspeed/ds_z2.json"),
         {"odb_token_budget": 14336, "odb_global_grouping": True, "output_dir": "runs/qwen3vl_8b_odb_padding_free"}),
+    "qwen25omni_7b_odb_audio.yaml": Recipe(
+        "Qwen2.5-Omni-7B (thinker) full SFT on speech data with ODB keeping the fixed-batch optimizer "
+        "steps, post-balanced per stage: LLM, vision tower and audio tower; ZeRO-2, bf16.",
+        ("base/sft_full", "model/qwen25omni_7b", "data/omni_speech", "method/odb_samples",
+         "method/odb_balance_omni", "deepspeed/ds_z2.json"),
+        {"odb_token_budget": 14336, "output_dir": "runs/qwen25omni_7b_odb_audio"}),
     "qwen3vl_8b_odb_nonjoin.yaml": Recipe(
         "As qwen3vl_8b_odb, non-join mode (equal sample quota per rank, no idle slots).",
         _8B + ("data/sharegpt4o", "method/odb_join", "method/odb_nonjoin", "deepspeed/ds_z2.json"),
