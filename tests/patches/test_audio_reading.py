@@ -49,7 +49,8 @@ def clips(tmp_path_factory):
     root = tmp_path_factory.mktemp("audio")
     specs = {"wav16_mono": ("wav", "PCM_16", RATE, 1, 1.7), "flac16_stereo": ("flac", "PCM_16", RATE, 2, 0.9),
              "wav44_stereo": ("wav", "PCM_16", 44100, 2, 2.3), "flac44_mono": ("flac", "PCM_16", 44100, 1, 0.31),
-             "mp3_44_stereo": ("mp3", "MPEG_LAYER_III", 44100, 2, 3.1), "mp3_16_mono": ("mp3", "MPEG_LAYER_III", RATE, 1, 1.2)}
+             "mp3_44_stereo": ("mp3", "MPEG_LAYER_III", 44100, 2, 3.1),
+             "mp3_16_mono": ("mp3", "MPEG_LAYER_III", RATE, 1, 1.2)}
     out = {}
     for seed, (name, (ext, subtype, rate, channels, seconds)) in enumerate(specs.items()):
         path = root / f"{name}.{ext}"
@@ -132,8 +133,8 @@ def test_file_objects_bytes_and_arrays(plugin, clips):
     path, data, rate = clips["flac44_mono"]
     array = np.zeros(800, dtype=np.float32)
     with open(path, "rb") as f:
-        out = plugin._regularize_audios([f, path.read_bytes(), array, io.BytesIO(clips["aac44_stereo"][0].read_bytes())],
-                                        sampling_rate=RATE)["audios"]
+        m4a = io.BytesIO(clips["aac44_stereo"][0].read_bytes())
+        out = plugin._regularize_audios([f, path.read_bytes(), array, m4a], sampling_rate=RATE)["audios"]
     assert out[2] is array, "numpy inputs pass through, as upstream"
     np.testing.assert_array_equal(out[0], out[1])
     assert out[0].shape == _expected(data, rate).shape
