@@ -6,6 +6,10 @@
 * **LLM stage**: the text model ``model.model.language_model`` on text-only ``input_ids`` of
   each length (batch 1); loss = mean of the squared last hidden state, so backward runs
   through every layer.
+* **Audio stage** (Qwen2.5-Omni): the audio tower ``model.audio_tower`` on ``F`` valid mel
+  frames, as one clip or cut into ``--clips`` equal clips (under sdpa/eager the tower's cost
+  follows the total frames of the call however they are split; docs/encoder_balancing.md);
+  ``l`` = frames. Default model for this stage: the tiny random Qwen2.5-Omni thinker.
 * **Vision stage**: the vision tower ``model.model.visual`` on one image of ``P`` patches:
   ``pixel_values`` of shape ``(P, C * t * patch**2)`` and ``image_grid_thw = [[1, h, w]]``
   with ``h * w = P`` (``h``, ``w`` multiples of the spatial merge size; ``P`` is rounded up
@@ -37,7 +41,9 @@ from .balance.cost_model import StageCostModel, fit_stage_cost_model
 
 DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
 DEFAULT_MODEL_DIR = Path(".cache/tiny_qwen3vl")
-STAGES = ("llm", "vision")
+STAGES = ("llm", "vision", "audio")
+OMNI_TYPES = ("qwen2_5_omni",)
+DEFAULT_OMNI_DIR = Path(".cache/tiny_qwen25omni")
 
 
 def _int_list(text: str) -> list[int]:
@@ -86,6 +92,10 @@ def load_model(model_dir: str | Path, device: str = "cpu", dtype: str = "float32
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_dir)
+    if getattr(config, "model_type", None) in OMNI_TYPES:  # the thinker holds the towers
+        from transformers import Qwen2_5OmniForConditionalGeneration
+        model = Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        return model.thinker.to(device).eval()
     if getattr(config, "model_type", None) not in ("qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl", "qwen2_vl"):
         raise ValueError(f"{model_dir}: model_type {config.model_type!r} is not a Qwen-VL model "
                          "(the profiler needs model.model.language_model and model.model.visual)")
@@ -138,18 +148,42 @@ def _vision_step(model, grid: tuple[int, int, int], device: str, seed: int) -> C
     return step
 
 
+def _audio_step(model, frames: int, clips: int, device: str, seed: int) -> Callable[[], None]:
+    import torch
+
+    tower = model.audio_tower
+    dtype = next(tower.parameters()).dtype
+    g = torch.Generator().manual_seed(seed + frames)
+    rows = torch.randn(tower.config.num_mel_bins, frames, generator=g).to(device=device, dtype=dtype)
+    cut = [frames // clips + (1 if k < frames % clips else 0) for k in range(clips)]
+    lens = torch.tensor([c for c in cut if c], dtype=torch.long, device=device)
+    after_cnn, _ = tower._get_feat_extract_output_lengths(lens)
+
+    def step() -> None:
+        out = tower(rows, feature_lens=lens, aftercnn_lens=after_cnn)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        hidden.float().pow(2).mean().backward()
+        model.zero_grad(set_to_none=True)
+
+    return step
+
+
 def profile_stage(model, stage: str, lengths: Sequence[int], repeats: int = 3, warmup: int = 1,
-                  device: str = "cpu", seed: int = 0, log: Callable[[str], None] | None = None
-                  ) -> dict[str, Any]:
+                  device: str = "cpu", seed: int = 0, log: Callable[[str], None] | None = None,
+                  clips: int = 1) -> dict[str, Any]:
     """Time one stage at every length and fit its cost model. Returns a JSON-able dict."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
     if repeats < 1 or warmup < 0:
         raise ValueError("repeats must be >= 1 and warmup >= 0")
+    if stage == "audio" and not hasattr(model, "audio_tower"):
+        raise ValueError("the audio stage needs a model with an audio tower (a Qwen2.5-Omni thinker)")
     used, medians, all_times = [], [], []
     for length in lengths:
         if stage == "llm":
             step, n = _llm_step(model, int(length), device, seed), int(length)
+        elif stage == "audio":
+            step, n = _audio_step(model, int(length), clips, device, seed), int(length)
         else:
             grid = image_grid(int(length), model.config.vision_config.spatial_merge_size)
             step, n = _vision_step(model, grid, device, seed), grid[0] * grid[1] * grid[2]
@@ -163,6 +197,7 @@ def profile_stage(model, stage: str, lengths: Sequence[int], repeats: int = 3, w
     m = fit.model
     return {
         "stage": stage,
+        "clips": clips if stage == "audio" else None,
         "unit": "seconds per sample (forward + backward)",
         "lengths": used,
         "median_s": medians,
@@ -197,7 +232,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--patches", type=_int_list, default=None, help="comma-separated patch counts (vision)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--stage", choices=("llm", "vision", "both"), default="both")
+    p.add_argument("--stage", choices=("llm", "vision", "both", "audio"), default="both",
+                   help="both = llm and vision (Qwen-VL); audio needs a Qwen2.5-Omni thinker")
+    p.add_argument("--clips", type=int, default=1, help="audio: cut each length into this many clips")
     p.add_argument("--device", default=None, help="cpu | cuda[:i] (default: cuda if available)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
@@ -214,7 +251,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         torch.set_num_threads(a.threads)
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     log = (lambda s: None) if a.quiet else (lambda s: print(s, flush=True))
-    if a.model is None:
+    if a.model is None and a.stage == "audio":
+        from odb_factory.demo.tiny_omni import build_tiny_qwen25omni
+        model_dir = build_tiny_qwen25omni(DEFAULT_OMNI_DIR)
+    elif a.model is None:
         from odb_factory.demo.tiny_model import build_tiny_qwen3vl
         model_dir = build_tiny_qwen3vl(DEFAULT_MODEL_DIR)
     else:
@@ -222,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     model = load_model(model_dir, device, a.dtype)
     torch.manual_seed(a.seed)
 
-    stages = STAGES if a.stage == "both" else (a.stage,)
+    stages = ("llm", "vision") if a.stage == "both" else (a.stage,)
     out: dict[str, Any] = {"model": str(model_dir), "device": device, "dtype": a.dtype,
                            "repeats": a.repeats, "warmup": a.warmup,
                            "threads": torch.get_num_threads(), "stages": {}}
@@ -230,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for stage in stages:
         lengths = a.patches if (stage == "vision" and a.patches) else a.lengths
         out["stages"][stage] = profile_stage(model, stage, lengths, a.repeats, a.warmup, device,
-                                             a.seed, log)
+                                             a.seed, log, clips=a.clips)
     for stage in stages:
         print(_format(out["stages"][stage]))
     if a.json:

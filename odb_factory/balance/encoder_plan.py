@@ -200,11 +200,18 @@ def assign_items(costs: Sequence[Sequence[float]], sizes: Sequence[Sequence[floa
                  placement: str | None) -> list[list[int]]:
     """Encoding rank of every item (per owner, local order) from ``balance``: ``costs`` are
     the items' stage costs, ``sizes`` the bytes they cost to move (the placement keeps the
-    most bytes where they are)."""
+    most bytes where they are). When the plan would not lower the slowest rank's cost (LPT
+    can land above a layout that happens to be good), every item stays with its owner."""
     bp = balance(costs, ranks_per_node=ranks_per_node, mode=mode, sizes_per_rank=sizes,
                  tolerance=tolerance, placement=placement)
     enc = [[-1] * len(c) for c in costs]
     for d, dest in enumerate(bp.destinations):
         for r, i in dest:
             enc[r][i] = d
+    after = [0.0] * len(costs)
+    for r, e in enumerate(enc):
+        for i, d in enumerate(e):
+            after[d] += costs[r][i]
+    if max(after, default=0.0) >= max((math.fsum(c) for c in costs), default=0.0):
+        return [[r] * len(c) for r, c in enumerate(costs)]
     return enc

@@ -185,5 +185,5 @@ class AudioBalancer:
     def _record(self, stats: AudioStepStats) -> None:
         # recorded before the embedding exchange, whose figures are filled in afterwards
         self.last_stats = stats
-        self.history.append(stats.summary())
+        self.history.append(stats)
         del self.history[:-self.max_history]

@@ -253,13 +253,49 @@ def check_model(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
     """What the model's own config.json rules out, read at parse time when the model is a
     local folder (a hub id is checked once the model is loaded)."""
     import json
+    import os
     from pathlib import Path
     config = Path(str(raw.get("model_name_or_path", ""))).expanduser() / "config.json"
     if not config.is_file():
         return
-    reason = model_refusal(odb, json.loads(config.read_text()).get("model_type"))
-    if reason is not None:
-        raise ValueError(reason)
+    model_type = json.loads(config.read_text()).get("model_type")
+    # torchrun sets WORLD_SIZE in the workers, where the arguments are parsed
+    reasons = [model_refusal(odb, model_type),
+               *ddp_unused_parameter_problems(raw, model_type, int(os.environ.get("WORLD_SIZE", "1")))]
+    reasons = [r for r in reasons if r]
+    if reasons:
+        raise ValueError("\n".join(reasons))
+
+
+# Qwen2.5-Omni's audio tower holds an embedding (audio_bos_eos_token) that no forward uses: with the
+# tower trainable, DDP waits for its gradient and the second step fails.
+UNUSED_PARAMETER_MODEL_TYPES = ("qwen2_5_omni", "qwen2_5_omni_thinker")
+
+
+def ddp_unused_parameter_problems(raw: Mapping[str, Any], model_type: Optional[str],
+                                  world_size: int) -> List[str]:
+    """A multi-process DDP run that trains a parameter no forward uses fails at its second step
+    (or, looking for unused parameters under reentrant checkpointing, at its first backward):
+    named here, with the settings that avoid it."""
+    if (model_type not in UNUSED_PARAMETER_MODEL_TYPES or world_size < 2 or raw.get("deepspeed")
+            or raw.get("fsdp") or raw.get("finetuning_type", "lora") != "full"
+            or raw.get("freeze_vision_tower", True)):
+        return []
+    checkpointing = not raw.get("disable_gradient_checkpointing", False)
+    find_unused = raw.get("ddp_find_unused_parameters")
+    if find_unused is None:  # transformers' Trainer looks for them unless checkpointing
+        find_unused = not checkpointing
+    if not find_unused:
+        return [f"freeze_vision_tower: false trains the audio tower of this {model_type} model, whose "
+                "audio_bos_eos_token no forward uses, so DDP would stop at the second step (\"Expected to "
+                "have finished reduction in the prior iteration\"); set ddp_find_unused_parameters: true "
+                "(with use_reentrant_gc: false), or keep freeze_vision_tower: true (it freezes the vision "
+                "and the audio tower)"]
+    if checkpointing and raw.get("use_reentrant_gc", True):
+        return ["ddp_find_unused_parameters: true with reentrant gradient checkpointing (use_reentrant_gc: "
+                "true, LLaMA-Factory's default) fails on the first backward (\"Expected to mark a variable "
+                "ready only once\"); set use_reentrant_gc: false, or disable_gradient_checkpointing: true"]
+    return []
 
 
 def model_refusal(odb: ODBRunOptions, model_type: Optional[str]) -> Optional[str]:

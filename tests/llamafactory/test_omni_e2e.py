@@ -58,3 +58,45 @@ def test_the_audio_tower_was_trained(omni_run):
     assert not after["audio_tower.layers.0.fc1.weight"].equal(before["audio_tower.layers.0.fc1.weight"])
     # never in a forward, so no gradient: the parameter DDP has to be told about
     assert after["audio_tower.audio_bos_eos_token.weight"].equal(before["audio_tower.audio_bos_eos_token.weight"])
+
+
+@pytest.fixture(scope="module")
+def balanced_run(omni_run, tmp_path_factory):
+    """The same data with every stage balanced: LLM (loader), vision and audio (in the thinker)."""
+    model, _, _, num_rows = omni_run
+    root = tmp_path_factory.mktemp("omni_balanced")
+    data = model.parent / "data"
+    out, audit = root / "out", root / "audit"
+    config = base_yaml(model, data, out, template="qwen2_omni", dataset="omni_demo", odb_audit_dir=str(audit),
+                       odb_balance=True, odb_balance_stages=["llm", "vision", "audio"], **ODB,
+                       **TRAINABLE_TOWERS)
+    train(config, nproc=2, timeout=300)
+    return out, ledger(audit), num_rows
+
+
+def test_every_stage_balanced_trains_every_sample_once_and_logs_the_encoder_stages(balanced_run):
+    out, rows, num_rows = balanced_run
+    steps = {rank: [r["step"] for r in rows if r["rank"] == rank] for rank in (0, 1)}
+    assert steps[0] and steps[0] == steps[1], "both ranks ran the same optimizer steps"
+    assert trained_indices(rows) == list(range(num_rows))
+    assert sum(r["audio_frames"] for r in rows) > 0  # the loader counted the clips' frames
+    logged = [h for h in log_history(out) if "loss" in h]
+    for stage in ("audio", "vision"):
+        before = [h[f"odb/{stage}_max_over_lb_before"] for h in logged if f"odb/{stage}_max_over_lb_before" in h]
+        after = [h[f"odb/{stage}_max_over_lb_after"] for h in logged if f"odb/{stage}_max_over_lb_after" in h]
+        assert before and len(before) == len(after), stage
+        assert all(a <= b + 1e-9 for a, b in zip(after, before)), (stage, before, after)
+        assert all(a >= 1.0 - 1e-9 for a in after)
+    # the audio stage did move clips at least once (ranks' clip frames differ in this data)
+    assert any(h.get("odb/audio_moved_items", 0) > 0 for h in logged)
+
+
+def test_a_trainable_audio_tower_without_unused_parameter_detection_is_refused_on_both_ranks(omni_run, tmp_path):
+    model, _, _, _ = omni_run
+    config = base_yaml(model, model.parent / "data", tmp_path / "out", template="qwen2_omni", dataset="omni_demo",
+                       freeze_vision_tower=False, **ODB)
+    proc = train(config, nproc=2, timeout=300, check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert text.count("freeze_vision_tower: false trains the audio tower of this qwen2_5_omni model") >= 2, text[-3000:]
+    assert "set ddp_find_unused_parameters: true (with use_reentrant_gc: false)" in text
