@@ -127,9 +127,14 @@ CASES = {
 
 def tiny_thinker():
     import torch
+    import transformers
     from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniThinkerConfig
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
         Qwen2_5OmniThinkerForConditionalGeneration)
+    if transformers.__version__.startswith("4."):  # head_dim 16: rope sections (t, h, w) = 2, 3, 3
+        rope = dict(rope_theta=10000.0, rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]})
+    else:
+        rope = dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
     config = Qwen2_5OmniThinkerConfig(
         audio_config=dict(num_mel_bins=MEL, encoder_layers=2, encoder_attention_heads=2,
                           encoder_ffn_dim=32, d_model=16, n_window=8, max_source_positions=200,
@@ -138,8 +143,7 @@ def tiny_thinker():
                            out_hidden_size=HIDDEN, fullatt_block_indexes=[0]),
         text_config=dict(vocab_size=100, hidden_size=HIDDEN, intermediate_size=64,
                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                          "mrope_section": [2, 3, 3]}),
+                         **rope),
         audio_token_index=AUDIO_TOKEN, image_token_index=91, video_token_index=92,
         audio_start_token_id=93, audio_end_token_id=94)
     config._attn_implementation = "sdpa"
