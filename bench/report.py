@@ -38,6 +38,7 @@ class BenchResults:
     mfu: float
     samples: int
     quick: bool
+    omni_md: str = ""                 # bench.audio_stage: encoder stages on an omni profile
 
     @property
     def headline(self) -> List[dict]:
@@ -224,6 +225,8 @@ def report_markdown(res: BenchResults) -> str:
                "patch_sq, time_s; optional label) or pass `--measured PATH`; "
                "`bench.measured_report.add_measured_rows(rows, out_dir)` fits the step model to "
                "them and adds the predicted-vs-measured table and plot."]
+    if res.omni_md:
+        md += ["## Encoder stages on an omni profile (bench.audio_stage, synthetic)", res.omni_md]
     if res.engine_md:
         md += ["## Engine benchmark (bench.engine)", res.engine_md]
     return "\n\n".join(md) + "\n"

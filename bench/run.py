@@ -112,9 +112,12 @@ def run(quick: bool, samples: Optional[int] = None, seed: int = 0, out: Path = R
     if measured.exists():
         log(f"measured rows: {measured}")
         measured_md = cpu_md + "\n\n" + add_measured_rows(read_measured_rows(measured), out)
+    log("encoder stages on an omni profile (bench.audio_stage)")
+    from . import audio_stage
+    omni_md = audio_stage.omni_section(quick, out)
     log("writing report")
     results = BenchResults(rows, profiles, lmax, buffer_rows, depth, cv_rows, fs_rows,
-                           engine_md, measured_md, mfu, n, quick)
+                           engine_md, measured_md, mfu, n, quick, omni_md)
     text = write_report(out, results)
     print(main_table(results.headline + [r for r in rows if r.get("paper") and not is_headline(r)]))
     print()

@@ -386,3 +386,22 @@ def test_ablation_sentences_are_computed_from_their_rows():
             for b, pad, sps in ((64, 0.01, 9.0), (256, 0.02, 10.0), (4096, 0.03, 9.5))]
     text = window_text(rows)
     assert "pads more than the largest in 0 of 1 cases" in text and "-5% samples/s" in text
+
+
+def test_audio_stage_bench_rows_and_sentences_follow_their_numbers(tmp_path):
+    import csv
+
+    from bench import audio_stage
+    for workload in ("asr", "spoken_qa", "omni_mix"):
+        row = audio_stage.measure(workload, 8, 4, steps=5, seed=3)
+        assert 1.0 <= row["max_over_lb_lpt"] <= row["max_over_lb_before"]
+        assert 1.0 <= row["max_over_lb_min_move"] <= row["max_over_lb_before"]
+    stages = audio_stage.omni_stages(8, 4, steps=5, seed=3)
+    for stage in ("llm", "vision", "audio"):
+        assert 1.0 <= stages[f"{stage}_max_over_lb_after"] <= stages[f"{stage}_max_over_lb_before"]
+    text = audio_stage.omni_section(True, tmp_path)
+    rows = list(csv.DictReader((tmp_path / "omni_stages.csv").open()))
+    gains = [float(r["step_time_ratio"]) / float(r["step_time_ratio_llm_only"]) - 1 for r in rows]
+    assert f"{min(gains):+.1%} to {max(gains):+.1%}" in text
+    assert ("it loses at" in text) == any(g < 0 for g in gains)
+    assert len(list(csv.DictReader((tmp_path / "audio_stage.csv").open()))) == 12
