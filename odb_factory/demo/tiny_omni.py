@@ -108,11 +108,6 @@ CHAT_TEMPLATE_OMNI = (
 )
 
 
-def audio_tokens(frames: int) -> int:
-    """``<|AUDIO|>`` tokens for a clip of ``frames`` feature frames (100 per second)."""
-    return ((frames - 1) // 2 + 1 - 2) // 2 + 1
-
-
 def _add_omni_tokens(tok) -> None:
     """Add the Omni special tokens to the shared tokenizer, in place (idempotent), and name them
     (``tok.audio_token`` ...; saved into tokenizer_config.json)."""

@@ -33,10 +33,10 @@ from typing import Any
 import torch
 
 from odb_factory.balance.audio_plan import QWEN25_OMNI_AUDIO, AudioPlan, plan_audio
-from odb_factory.balance.cost_model import StageCostModel
 from odb_factory.comm import ODBExchangeError, gather_objects, group_rank_world
-from odb_factory.comm.row_exchange import DEFAULT_TIMEOUT_S, HINT
+from odb_factory.comm.row_exchange import HINT
 
+from .balancer import StageBalancer
 from .routing import return_outputs, send_inputs
 
 DUMMY_FRAMES = 4  # the fewest frames that give one embedding (two stride-2 steps)
@@ -79,28 +79,11 @@ def valid_frames(input_features: torch.Tensor | None,
     return rows, [int(v) for v in mask.sum(1).tolist()]
 
 
-class AudioBalancer:
-    """Balance the audio tower's work across the ranks of ``group`` (see module doc).
-    ``enabled=False`` makes ``encode`` run the tower on the local clips, with no
-    communication."""
+class AudioBalancer(StageBalancer):
+    """Balance the audio tower's work across the ranks of ``group`` (see module doc and
+    ``StageBalancer`` for the options)."""
 
-    def __init__(self, group: Any | None = None,
-                 cost_model: StageCostModel = QWEN25_OMNI_AUDIO, *, ranks_per_node: int = 8,
-                 mode: str = "lpt", tolerance: float | None = None,
-                 placement: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 enabled: bool = True):
-        self.group = group
-        self.cost_model = cost_model
-        self.ranks_per_node = ranks_per_node
-        self.mode = mode
-        self.tolerance = tolerance
-        self.placement = placement
-        self.timeout_s = timeout_s
-        self.enabled = enabled
-        self.step = 0
-        self.last_stats: AudioStepStats | None = None
-        self.history: list[AudioStepStats] = []  # recent calls (bounded)
-        self.max_history = 1000
+    default_cost_model = QWEN25_OMNI_AUDIO
 
     def plan(self, local_frames: list[int], mel_bins: int, hidden: int,
              dtype: torch.dtype) -> AudioPlan:
@@ -181,9 +164,3 @@ class AudioBalancer:
         after_cnn, _ = audio_tower._get_feat_extract_output_lengths(lens)
         out = audio_tower(rows.to(param.dtype).t(), feature_lens=lens, aftercnn_lens=after_cnn)
         return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-
-    def _record(self, stats: AudioStepStats) -> None:
-        # recorded before the embedding exchange, whose figures are filled in afterwards
-        self.last_stats = stats
-        self.history.append(stats)
-        del self.history[:-self.max_history]

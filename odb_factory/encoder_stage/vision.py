@@ -42,12 +42,13 @@ from typing import Any
 
 import torch
 
-from odb_factory.balance import QWEN3_VL_VISION, StageCostModel
+from odb_factory.balance import QWEN3_VL_VISION
 
 from odb_factory.balance.vision_plan import VisionPlan, plan_vision
-from odb_factory.comm import ODBExchangeError, gather_objects, group_rank_world
-from odb_factory.comm.row_exchange import DEFAULT_TIMEOUT_S, HINT
+from odb_factory.comm import ODBExchangeError, gather_objects
+from odb_factory.comm.row_exchange import HINT
 
+from .balancer import StageBalancer
 from .routing import return_outputs, send_inputs
 
 
@@ -118,35 +119,11 @@ def _tower_outputs(out: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
     return embeds, list(deepstack or [])
 
 
-class VisionBalancer:
-    """Balance the vision tower's work across the ranks of ``group`` (see module doc).
+class VisionBalancer(StageBalancer):
+    """Balance the vision tower's work across the ranks of ``group`` (see module doc and
+    ``StageBalancer`` for the options)."""
 
-    ``group``: a process group whose backend has point-to-point ops (gloo: tensors are
-    staged through CPU; NCCL: they stay on the GPU); ``None`` = the default group.
-    ``enabled=False`` makes ``encode`` run the tower locally, with no communication.
-    """
-
-    def __init__(self, group: Any | None = None,
-                 cost_model: StageCostModel = QWEN3_VL_VISION, *, ranks_per_node: int = 8,
-                 mode: str = "lpt", tolerance: float | None = None,
-                 placement: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 enabled: bool = True):
-        self.group = group
-        self.cost_model = cost_model
-        self.ranks_per_node = ranks_per_node
-        self.mode = mode
-        self.tolerance = tolerance
-        self.placement = placement
-        self.timeout_s = timeout_s
-        self.enabled = enabled
-        self.step = 0
-        self.last_stats: VisionStepStats | None = None
-        self.history: list[VisionStepStats] = []  # recent calls (bounded)
-        self.max_history = 1000
-
-    @property
-    def rank_world(self) -> tuple[int, int]:
-        return group_rank_world(self.group)
+    default_cost_model = QWEN3_VL_VISION
 
     # ---- planning (collective) ----------------------------------------------------------
     def plan(self, local_grids: Sequence[Sequence[int]], dims: TowerDims) -> VisionPlan:
@@ -254,12 +231,6 @@ class VisionBalancer:
         return packed
 
     # ---- helpers ------------------------------------------------------------------------
-    def _record(self, stats: VisionStepStats) -> None:
-        # recorded before the embedding exchange, whose figures are filled in afterwards
-        self.last_stats = stats
-        self.history.append(stats)
-        del self.history[:-self.max_history]
-
     @staticmethod
     def unpack(out: torch.Tensor, dims: TowerDims) -> tuple[torch.Tensor, list[torch.Tensor]]:
         h = dims.out_hidden

@@ -23,7 +23,8 @@ pytest.importorskip("soundfile")
 
 from odb_factory.demo.audio_data import CLIPS_FILE, DATA_FILE, DATASET_NAME, write_audio_demo
 from odb_factory.demo.tiny_model import MARKER, is_complete_build
-from odb_factory.demo.tiny_omni import KIND, OMNI_TOKENS, SPEAKERS_FILE, audio_tokens, build_tiny_qwen25omni
+from odb_factory.balance.audio_plan import audio_output_tokens as audio_tokens
+from odb_factory.demo.tiny_omni import KIND, OMNI_TOKENS, SPEAKERS_FILE, build_tiny_qwen25omni
 
 SHARED_IMAGES = Path(__file__).resolve().parents[3] / "shared" / "data" / "llamafactory_demo" / "mllm_demo_data"
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.helpers.distributed import run_world
+from tests.helpers.gradients import summed_grads, worst_rel_err
 
 from odb_factory.balance import StageCostModel
 from odb_factory.balance.audio_plan import QWEN25_OMNI_AUDIO, audio_output_tokens, plan_audio
@@ -165,27 +166,6 @@ def _clips(rank, frames):
     return feats, mask
 
 
-def _summed_grads(model):
-    import torch
-    import torch.distributed as dist
-    out = {}
-    for n, p in model.named_parameters():
-        g = p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-        dist.all_reduce(g)  # what DDP would all-reduce (summed)
-        out[n] = g
-    model.zero_grad(set_to_none=True)
-    return out
-
-
-def _worst_rel(a, b):
-    worst = 0.0
-    for n in b:
-        scale = float(b[n].abs().max())
-        err = float((a[n] - b[n]).abs().max())
-        worst = max(worst, err / scale if scale > 0 else err)
-    return worst
-
-
 def _tower_rank(rank, world, case):
     import torch
     import torch.distributed as dist
@@ -206,7 +186,7 @@ def _tower_rank(rank, world, case):
         ref = ref.last_hidden_state if hasattr(ref, "last_hidden_state") else ref
         loss_of(ref).backward()
         ref = ref.detach()
-    g_off = _summed_grads(model)
+    g_off = summed_grads(model)
 
     bal = AudioBalancer(dist.new_group(backend="gloo"), ranks_per_node=1)
     embeds = bal.encode(feats if frames else None, mask if frames else None, model.audio_tower)
@@ -215,7 +195,7 @@ def _tower_rank(rank, world, case):
     emb_err = float((embeds.detach() - ref).abs().max() / ref.abs().max()) if frames else 0.0
     loss_of(embeds).backward()
     stats = bal.last_stats
-    return dict(emb_err=emb_err, grad_err=_worst_rel(_summed_grads(model), g_off),
+    return dict(emb_err=emb_err, grad_err=worst_rel_err(summed_grads(model), g_off),
                 dummy=stats.dummy, moved=len(stats.plan.moved_items),
                 lb_before=stats.plan.max_over_lb_before, lb_after=stats.plan.max_over_lb_after)
 
@@ -265,12 +245,12 @@ def _thinker_rank(rank, world, case, stages):
                       image_grid_thw=torch.tensor(grids))
     loss_ref = model(**kwargs).loss
     loss_ref.backward()
-    g_off = _summed_grads(model)
+    g_off = summed_grads(model)
     patch.apply(dist.new_group(backend="gloo"), stages, ranks_per_node=1)
     try:
         loss = model(**kwargs).loss
         loss.backward()
-        g_on = _summed_grads(model)
+        g_on = summed_grads(model)
         model.eval()  # eval is local: no exchange even though ranks differ
         with torch.no_grad():
             eval_loss = model(**kwargs).loss
@@ -279,7 +259,7 @@ def _thinker_rank(rank, world, case, stages):
         patch.remove()
     return dict(loss_err=abs(float(loss - loss_ref)) / abs(float(loss_ref)),
                 eval_err=abs(float(eval_loss - loss_ref)) / abs(float(loss_ref)),
-                grad_err=_worst_rel(g_on, g_off),
+                grad_err=worst_rel_err(g_on, g_off),
                 calls={s: b.step for s, b in balancers.items()},
                 moved={s: len(b.last_stats.plan.moved_items) for s, b in balancers.items()})
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from tests.helpers.distributed import run_world
+from tests.helpers.gradients import summed_grads, worst_rel_err
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -212,27 +213,6 @@ def _pixels(rank, grids, width):
     return torch.randn(n, width, generator=g, dtype=torch.float64)
 
 
-def _grads(module):
-    import torch
-    import torch.distributed as dist
-    out = {}
-    for n, p in module.named_parameters():
-        g = p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-        dist.all_reduce(g)  # what DDP would all-reduce (summed)
-        out[n] = g
-    module.zero_grad(set_to_none=True)
-    return out
-
-
-def _rel_err(a, b):
-    worst = 0.0
-    for n in b:
-        scale = float(b[n].abs().max())
-        err = float((a[n] - b[n]).abs().max())
-        worst = max(worst, err / scale if scale > 0 else err)
-    return worst
-
-
 def _tower_rank(rank, world, model_dir, case):
     import torch
     import torch.distributed as dist
@@ -260,7 +240,7 @@ def _tower_rank(rank, world, model_dir, case):
         ref = (embeds_ref.detach(), [d.detach() for d in deepstack_ref])
         gen.manual_seed(77 + rank)
         loss_of(embeds_ref, deepstack_ref).backward()
-    g_off = _grads(tower)
+    g_off = summed_grads(tower)
 
     results = {}
     group = dist.new_group(backend="gloo")
@@ -287,8 +267,8 @@ def _tower_rank(rank, world, model_dir, case):
             assert embeds.shape == (0, dims.out_hidden)
         gen.manual_seed(77 + rank)
         loss_of(embeds, deepstack).backward()
-        g_on = _grads(tower)
-        results[composed] = dict(err=_rel_err(g_on, g_off), dummy=stats.dummy,
+        g_on = summed_grads(tower)
+        results[composed] = dict(err=worst_rel_err(g_on, g_off), dummy=stats.dummy,
                                  pixel_bytes_sent=stats.pixel_bytes_sent,
                                  summary=stats.plan.summary())
     return results
@@ -363,7 +343,7 @@ def _model_rank(rank, world, model_dir):
         logits = model(**inputs).logits  # float64 loss (HF's loss_function upcasts to fp32)
         loss = F.cross_entropy(logits[0, :-1], labels[0, 1:], ignore_index=-100)
         loss.backward()
-        return loss.detach(), logits.detach(), _grads(model)
+        return loss.detach(), logits.detach(), summed_grads(model)
 
     loss_off, logits_off, g_off = step()
     bal = patch.apply(dist.new_group(backend="gloo"))
@@ -398,9 +378,9 @@ def _model_rank(rank, world, model_dir):
     return dict(
         loss=abs(float(loss_on - loss_off)), loss_dis=abs(float(loss_dis - loss_off)),
         logits=float((logits_on - logits_off).abs().max()), emb=emb_err,
-        vis_err=_rel_err({n: g_on[n] for n in vis}, vis), all_err=_rel_err(g_on, g_off),
-        dis_err=_rel_err(g_dis, g_off), vis_norm=float(sum(g.norm() for g in vis.values())),
-        cmp_loss=abs(float(loss_cmp - loss_off)), cmp_err=_rel_err(g_cmp, g_off),
+        vis_err=worst_rel_err({n: g_on[n] for n in vis}, vis), all_err=worst_rel_err(g_on, g_off),
+        dis_err=worst_rel_err(g_dis, g_off), vis_norm=float(sum(g.norm() for g in vis.values())),
+        cmp_loss=abs(float(loss_cmp - loss_off)), cmp_err=worst_rel_err(g_cmp, g_off),
         cmp_composed=cmp_stats.composed, cmp_pixel_bytes=cmp_stats.pixel_bytes_sent,
         summary=bal.last_stats.summary())
 

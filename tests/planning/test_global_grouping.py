@@ -10,7 +10,7 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from odb_factory import ODBConfig, SampleCost
+from odb_factory import SampleCost
 from odb_factory.balance.cost_model import QWEN3_VL_LLM
 from odb_factory.planning.global_grouping import apply_layout, regroup_round
 from odb_factory.planning.grouping import Budget, PlannedSample
