@@ -1,11 +1,12 @@
-"""Pre-flight check for rows whose image or video tokens `cutoff_len` would cut.
+"""Pre-flight check for rows whose image, video or audio tokens `cutoff_len` would cut.
 
 A model cannot train on part of an image: such a row fails when the lazy pipeline reaches it
 (`LazySupervisedDataset._check_vision_tokens`), possibly late in the epoch. Before the first
 step this pass finds them without running the pipeline on every row: an upper bound of each
 row's tokens comes from its text's UTF-8 bytes (a byte-level or byte-fallback tokenizer never
 makes more tokens than bytes), a per-turn allowance for the template, and a per-image and
-per-video bound from the processor's patch and merge sizes at the run's pixel limits. Only
+per-video bound from the processor's patch and merge sizes at the run's pixel limits, and a
+per-clip bound for audio (a clip is cut to 30 s: at most 750 tokens, Qwen2.5-Omni). Only
 rows whose bound reaches `cutoff_len` can be cut; those few are run through the real
 pipeline, which says exactly whether their vision tokens survive.
 """
@@ -24,11 +25,14 @@ TEMPLATE_PER_MESSAGE = 16  # role markers and separators of one turn, in tokens 
 TEMPLATE_PER_ROW = 64      # BOS/EOS, generation prompt, thinking markers
 MARKERS_PER_ITEM = 2       # vision start/end around each image or video frame group
 VIDEO_TEXT_PER_FRAME = 8   # Qwen3-VL writes a timestamp before each frame group
+# Whisper's feature extractor keeps at most 30 s (3,000 frames) of a clip: 750 audio tokens
+PER_AUDIO = 750 + MARKERS_PER_ITEM
 
 
 class VisionTokenBounds(NamedTuple):
     per_image: int
     per_video: int
+    per_audio: int = PER_AUDIO
 
 
 def _pixels_to_tokens(pixels: float, side: int) -> int:
@@ -75,19 +79,21 @@ def _count(item: Any) -> int:
 
 def token_upper_bounds(columns: dict, bounds: VisionTokenBounds, default_system: str = "") -> List[int]:
     """Per row of the converted columns (`_prompt`, `_response`, `_system`, `_tools`,
-    `_images`, `_videos`): a number of tokens the pipeline cannot exceed."""
+    `_images`, `_videos`, `_audios`): a number of tokens the pipeline cannot exceed."""
     n = len(columns["_prompt"])
     empty = [None] * n
     system_default = len(default_system.encode("utf-8"))
     out = []
-    for prompt, response, system, tools, images, videos in zip(
+    for prompt, response, system, tools, images, videos, audios in zip(
             columns["_prompt"], columns["_response"], columns.get("_system", empty),
-            columns.get("_tools", empty), columns.get("_images", empty), columns.get("_videos", empty)):
+            columns.get("_tools", empty), columns.get("_images", empty), columns.get("_videos", empty),
+            columns.get("_audios", empty)):
         messages = len(prompt or []) + len(response or []) + 1
         out.append(_text_bytes(prompt) + _text_bytes(response)
                    + (_text_bytes(system) if system else system_default) + _text_bytes(tools)
                    + TEMPLATE_PER_MESSAGE * messages + TEMPLATE_PER_ROW
-                   + _count(images) * bounds.per_image + _count(videos) * bounds.per_video)
+                   + _count(images) * bounds.per_image + _count(videos) * bounds.per_video
+                   + _count(audios) * bounds.per_audio)
     return out
 
 
@@ -104,7 +110,7 @@ def find_cut_rows(lazy: Any, threads: Optional[int] = None) -> Optional[CutoffRe
     bounds = vision_token_bounds(dataset_processor.processor, data_args)
     if bounds is None:
         return None
-    wanted = [c for c in ("_prompt", "_response", "_system", "_tools", "_images", "_videos")
+    wanted = [c for c in ("_prompt", "_response", "_system", "_tools", "_images", "_videos", "_audios")
               if c in lazy.converted.column_names]
     converted = lazy.converted
     if hasattr(converted, "select_columns"):  # one arrow pass instead of a slice per row
@@ -113,10 +119,9 @@ def find_cut_rows(lazy: Any, threads: Optional[int] = None) -> Optional[CutoffRe
         columns = {c: list(converted[c]) for c in wanted}
     template = getattr(dataset_processor, "template", None)
     upper = token_upper_bounds(columns, bounds, getattr(template, "default_system", "") or "")
-    images, videos = columns.get("_images"), columns.get("_videos")
+    media = [columns[c] for c in ("_images", "_videos", "_audios") if columns.get(c)]
     candidates = [i for i, row in enumerate(lazy.rows)
-                  if upper[row] >= data_args.cutoff_len
-                  and ((images and images[row]) or (videos and videos[row]))]
+                  if upper[row] >= data_args.cutoff_len and any(m[row] for m in media)]
 
     def verdict(index: int) -> Optional[str]:
         try:
@@ -140,8 +145,8 @@ def check_cutoff(lazy: Any) -> Optional[CutoffReport]:
     if len(report.cut) > LISTED:
         lines.append(f"  ... and {len(report.cut) - LISTED} more")
     raise TruncatedVisionTokensError(
-        f"{len(report.cut)} training row(s) would lose image/video tokens to cutoff_len={cutoff} "
+        f"{len(report.cut)} training row(s) would lose image/video/audio tokens to cutoff_len={cutoff} "
         f"(found before training; {report.candidates} of {len(lazy)} rows could reach it and were "
         "run through the pipeline):\n" + "\n".join(lines)
-        + "\nRaise cutoff_len, lower image_max_pixels/video_max_pixels, or remove the rows; the run "
+        + "\nRaise cutoff_len, lower image_max_pixels/video_max_pixels, shorten the audio, or remove the rows; the run "
         "would otherwise fail when it reached them.")

@@ -14,8 +14,8 @@ REQUIRED_COLUMNS = ("_prompt", "_response")
 
 
 class TruncatedVisionTokensError(ValueError):
-    """cutoff_len cut into a sample's image/video tokens: the model cannot match them to the
-    vision features, and would fail later with an opaque shape mismatch."""
+    """cutoff_len cut into a sample's image/video/audio tokens: the model cannot match them to
+    the encoder's features, and would fail later with an opaque shape mismatch."""
 
 
 class LazySupervisedDataset:
@@ -54,20 +54,23 @@ class LazySupervisedDataset:
         return sample
 
     def _check_vision_tokens(self, row_index: int, row: Dict[str, Any], input_ids: List[int]) -> None:
-        """Fail, naming the row, when truncation kept only part of its vision tokens.
+        """Fail, naming the row, when truncation kept only part of its image, video or audio
+        tokens.
 
-        Only a sample that reached cutoff_len and carries images or videos can be affected;
-        for those (rare) samples the plugin's expansion is recomputed and its vision tokens
-        counted, so the check costs nothing on the others."""
+        Only a sample that reached cutoff_len and carries media can be affected; for those
+        (rare) samples the plugin's expansion is recomputed and its media tokens counted, so
+        the check costs nothing on the others."""
         cutoff = self.processor.data_args.cutoff_len
         images, videos = row.get("_images") or [], row.get("_videos") or []
-        if len(input_ids) < cutoff or not (images or videos):
+        audios = row.get("_audios") or []
+        if len(input_ids) < cutoff or not (images or videos or audios):
             return
         plugin, tokenizer = self.processor.template.mm_plugin, self.processor.tokenizer
         messages = plugin.process_messages(deepcopy(row["_prompt"] + row["_response"]), images, videos,
-                                           row.get("_audios") or [], self.processor.processor)
-        for token, what, key in ((plugin.image_token, "image", "image_max_pixels"),
-                                 (plugin.video_token, "video", "video_max_pixels")):
+                                           audios, self.processor.processor)
+        for token, what, key in ((plugin.image_token, "image", "lower image_max_pixels"),
+                                 (plugin.video_token, "video", "lower video_max_pixels"),
+                                 (getattr(plugin, "audio_token", None), "audio", "shorten its audio")):
             if token is None:
                 continue
             expected = sum(m["content"].count(token) for m in messages)
@@ -77,7 +80,7 @@ class LazySupervisedDataset:
                 raise TruncatedVisionTokensError(
                     f"training row {row_index}: cutoff_len={cutoff} cuts into its {what} tokens "
                     f"(kept {kept} of {expected}), and the model cannot train on a partial {what}. "
-                    f"Raise cutoff_len, lower {key}, or remove the row.")
+                    f"Raise cutoff_len, {key}, or remove the row.")
 
     def dataset_row(self, index: int) -> int:
         """The converted dataset's row for ODB index `index` (what audit ledgers record)."""

@@ -90,7 +90,7 @@ def test_rows_cutoff_len_would_cut_are_found_before_training(lf, tmp_path, tiny_
     with pytest.raises(TruncatedVisionTokensError) as info:
         _datasets(lf, base_yaml(tiny_model, demo_data, tmp_path / "c", odb_enable=True, cutoff_len=128))
     text = str(info.value)
-    assert text.startswith(f"{len(cut)} training row(s) would lose image/video tokens to cutoff_len=128 "
+    assert text.startswith(f"{len(cut)} training row(s) would lose image/video/audio tokens to cutoff_len=128 "
                            "(found before training; "), text
     assert f"  training row {lazy.rows[cut[0]]}: cutoff_len=128 cuts into its image tokens" in text, text
     # the bound never misses a row the pipeline cuts: every cut row was a candidate

@@ -100,3 +100,14 @@ def test_a_trainable_audio_tower_without_unused_parameter_detection_is_refused_o
     assert proc.returncode != 0
     assert text.count("freeze_vision_tower: false trains the audio tower of this qwen2_5_omni model") >= 2, text[-3000:]
     assert "set ddp_find_unused_parameters: true (with use_reentrant_gc: false)" in text
+
+
+def test_rows_whose_audio_tokens_cutoff_len_would_cut_are_named_before_training(omni_run, tmp_path):
+    model, _, _, _ = omni_run
+    config = base_yaml(model, model.parent / "data", tmp_path / "out", template="qwen2_omni", dataset="omni_demo",
+                       cutoff_len=256, **ODB)
+    proc = train(config, nproc=1, timeout=300, check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "would lose image/video/audio tokens to cutoff_len=256 (found before training;" in text, text[-3000:]
+    assert "cuts into its audio tokens" in text
