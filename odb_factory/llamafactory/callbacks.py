@@ -97,6 +97,7 @@ class ODBCallback(TrainerCallback):
             if "balance_max_over_lb" in step.metrics:
                 self.window["rounds_seen"] = self.window.get("rounds_seen", 0.0) + 1
         self.window["micro_steps"] = self.window.get("micro_steps", 0.0) + len(steps)
+        self.window["audio_frames"] = self.window.get("audio_frames", 0.0) + sum(s.audio_frames for s in steps)
         self.window["optimizer_steps"] = self.window.get("optimizer_steps", 0.0) + 1
         self.window["global_samples"] = (self.window.get("global_samples", 0.0)
                                          + sum(s.global_num_samples for s in steps))
@@ -114,6 +115,8 @@ class ODBCallback(TrainerCallback):
                    for k in ("balance_max_over_lb_before", "balance_max_over_lb") if k in w}
         balance.update({f"odb/{k}": w[k] for k in ("balance_bytes_intra_node", "balance_bytes_inter_node",
                                                    "global_grouping_rounds") if k in w})
+        if w.get("audio_frames"):  # valid mel frames this rank's loader placed, per micro-step
+            balance["odb/audio_frames_per_step"] = round(w["audio_frames"] / micro, 1)
         return {
             **balance,
             **self.encoder_stages.pop(),

@@ -80,6 +80,7 @@ def test_every_stage_balanced_trains_every_sample_once_and_logs_the_encoder_stag
     assert steps[0] and steps[0] == steps[1], "both ranks ran the same optimizer steps"
     assert trained_indices(rows) == list(range(num_rows))
     assert sum(r["audio_frames"] for r in rows) > 0  # the loader counted the clips' frames
+    assert any(h.get("odb/audio_frames_per_step", 0) > 0 for h in log_history(out))
     logged = [h for h in log_history(out) if "loss" in h]
     for stage in ("audio", "vision"):
         before = [h[f"odb/{stage}_max_over_lb_before"] for h in logged if f"odb/{stage}_max_over_lb_before" in h]
