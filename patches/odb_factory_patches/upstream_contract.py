@@ -13,8 +13,8 @@ gate, the part of odb-factory that cannot work without it:
   reason, as with an unsupported version);
 * ``cpu_resume``: ``apply()`` leaves out the CPU-resume fix (torch_serialization) with a
   warning;
-* ``vision``: Qwen3-VL vision balancing (transformers_qwen3_vl, applied by the trainer on
-  demand): checked by tests/patches; ``transformers_qwen3_vl.apply()`` itself accepts
+* ``vision``: encoder-stage balancing (transformers_qwen3_vl and transformers_qwen2_5_omni,
+  applied by the trainer on demand): checked by tests/patches; their ``apply()`` accepts
   transformers 4.57.1–4.57.6 and 5.6.0 only.
 
 ``apply()`` runs the static checks of the first two gates (a few milliseconds: every module
@@ -224,6 +224,40 @@ _QWEN_FORWARD_PARAMS = ("self", "input_ids", "attention_mask", "position_ids", "
                         "inputs_embeds", "pixel_values", "pixel_values_videos", "image_grid_thw",
                         "video_grid_thw")  # then 5.6.0: mm_token_type_ids; 4.57: cache_position
 
+_OMNI = "transformers.models.qwen2_5_omni.modeling_qwen2_5_omni"
+_OMNI_PATCH = "patches/odb_factory_patches/transformers_qwen2_5_omni.py"
+_OMNI_FORWARD_HEAD = ("self", "input_ids", "input_features", "pixel_values", "pixel_values_videos", "image_grid_thw",
+                      "video_grid_thw", "attention_mask", "feature_attention_mask", "audio_feature_lengths",
+                      "position_ids", "past_key_values", "inputs_embeds", "rope_deltas", "labels", "use_cache")
+_OMNI_FORWARD_56 = _OMNI_FORWARD_HEAD + ("use_audio_in_video", "video_second_per_grid", "**kwargs")
+_OMNI_FORWARD_457 = _OMNI_FORWARD_HEAD + ("output_attentions", "output_hidden_states", "return_dict",
+                                          "use_audio_in_video", "cache_position", "video_second_per_grid", "**kwargs")
+
+
+def _omni_entries(versions: tuple, forward_params: tuple, feature_tail: tuple) -> list:
+    """The Qwen2.5-Omni thinker methods the encoder-stage patch wraps, for one transformers range."""
+    thinker = f"{_OMNI}:Qwen2_5OmniThinkerForConditionalGeneration"
+    return [
+        Entry("transformers", f"{thinker}.forward", _OMNI_PATCH,
+              "wrapped; positional arguments are named from this signature; it must hand the feature "
+              "methods the tensor objects themselves (the stash is keyed by id())", params=forward_params,
+              uses=("get_audio_features", "get_image_features", "get_video_features"), gate="vision",
+              versions=versions),
+        Entry("transformers", f"{thinker}.get_audio_features", _OMNI_PATCH,
+              "replaced: keeps the valid frames of feature_attention_mask and runs self.audio_tower, as the "
+              "balancer does", params=("self", "input_features", "feature_attention_mask", "audio_feature_lengths")
+              + feature_tail, uses=("audio_tower", "_get_feat_extract_output_lengths"), gate="vision",
+              versions=versions),
+        Entry("transformers", f"{thinker}.get_image_features", _OMNI_PATCH,
+              "replaced: returns the stashed or balanced embeddings; self.visual is the tower",
+              params=("self", "pixel_values", "image_grid_thw") + feature_tail, uses=("visual",), gate="vision",
+              versions=versions),
+        Entry("transformers", f"{thinker}.get_video_features", _OMNI_PATCH,
+              "replaced like get_image_features", params=("self", "pixel_values_videos", "video_grid_thw")
+              + feature_tail, uses=("visual",), gate="vision", versions=versions),
+    ]
+
+
 CONTRACT: tuple = (
     # ---- torch
     Entry("torch", "torch.utils.data.dataloader:DataLoader.__init__", _LOADER,
@@ -413,6 +447,13 @@ CONTRACT: tuple = (
     Entry("llamafactory", "llamafactory.data.mm_plugin:Qwen2OmniPlugin._get_mm_inputs", _AUDIO,
           "Qwen2.5-Omni reads its audios through _regularize_audios (the replaced method)",
           uses=("_regularize_audios", "audio_sampling_rate")),
+    # ---- Qwen2.5-Omni audio and vision balancing (transformers_qwen2_5_omni.TRANSFORMERS_VERSIONS)
+    *_omni_entries(_TF_VISION, _OMNI_FORWARD_56, ("**kwargs",)),
+    *_omni_entries(_TF457, _OMNI_FORWARD_457, ()),
+    Entry("transformers", f"{_OMNI}:Qwen2_5OmniAudioEncoder.forward", "odb_factory/encoder_stage/audio.py",
+          "the balancer runs the tower on its share as get_audio_features does: (mel, frames), "
+          "feature_lens, aftercnn_lens", params=("self", "input_features", "feature_lens", "aftercnn_lens", "**kwargs"),
+          uses=("n_window",), gate="vision"),
     # ---- Qwen3-VL vision balancing
     Entry("transformers", f"{_QWEN3VL}:Qwen3VLModel.forward", _QWEN, _QWEN_FORWARD_WHY,
           params=_QWEN_FORWARD_PARAMS + ("mm_token_type_ids", "**kwargs"),
