@@ -1,6 +1,7 @@
 """End-to-end: stock `llamafactory-cli train` on the tiny Qwen2.5-Omni thinker (template qwen2_omni)
 with odb_* keys, on generated wav/flac/mp3 clips (16 and 44.1 kHz, mono and stereo) read by the
-audio-reading patch, with the audio and vision towers trainable, on 2 CPU ranks."""
+audio-reading patch, with the audio and vision towers trainable and every stage balanced (LLM,
+vision, audio), on 2 CPU ranks."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ def omni_run(tmp_path_factory):
     data = write_audio_demo(root / "data", image_dir=image_dir if image_dir.is_dir() else None, seed=0)
     num_rows = len(json.loads((data / DATA_FILE).read_text()))
     out, audit = root / "out", root / "audit"
+    # every stage balanced: LLM (loader), vision and audio (in the thinker)
     config = base_yaml(model, data, out, template="qwen2_omni", dataset="omni_demo", odb_audit_dir=str(audit),
-                       **ODB, **TRAINABLE_TOWERS)
+                       odb_balance=True, odb_balance_stages=["llm", "vision", "audio"], **ODB, **TRAINABLE_TOWERS)
     train(config, nproc=2, timeout=300)
     return model, out, ledger(audit), num_rows
 
@@ -60,25 +62,8 @@ def test_the_audio_tower_was_trained(omni_run):
     assert after["audio_tower.audio_bos_eos_token.weight"].equal(before["audio_tower.audio_bos_eos_token.weight"])
 
 
-@pytest.fixture(scope="module")
-def balanced_run(omni_run, tmp_path_factory):
-    """The same data with every stage balanced: LLM (loader), vision and audio (in the thinker)."""
-    model, _, _, num_rows = omni_run
-    root = tmp_path_factory.mktemp("omni_balanced")
-    data = model.parent / "data"
-    out, audit = root / "out", root / "audit"
-    config = base_yaml(model, data, out, template="qwen2_omni", dataset="omni_demo", odb_audit_dir=str(audit),
-                       odb_balance=True, odb_balance_stages=["llm", "vision", "audio"], **ODB,
-                       **TRAINABLE_TOWERS)
-    train(config, nproc=2, timeout=300)
-    return out, ledger(audit), num_rows
-
-
-def test_every_stage_balanced_trains_every_sample_once_and_logs_the_encoder_stages(balanced_run):
-    out, rows, num_rows = balanced_run
-    steps = {rank: [r["step"] for r in rows if r["rank"] == rank] for rank in (0, 1)}
-    assert steps[0] and steps[0] == steps[1], "both ranks ran the same optimizer steps"
-    assert trained_indices(rows) == list(range(num_rows))
+def test_every_stage_balanced_logs_the_encoder_stages(omni_run):
+    _, out, rows, _ = omni_run
     assert sum(r["audio_frames"] for r in rows) > 0  # the loader counted the clips' frames
     assert any(h.get("odb/audio_frames_per_step", 0) > 0 for h in log_history(out))
     logged = [h for h in log_history(out) if "loss" in h]
