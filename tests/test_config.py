@@ -74,7 +74,7 @@ def test_from_dict_converts_strings_and_names_bad_values():
     ({"odb_token_budget": "4k"}, "odb_token_budget: '4k' is not an integer"),
     ({"odb_sync_timeout": "soon"}, "odb_sync_timeout: 'soon' is not a number"),
     ({"odb_collate_workers": -1}, r"num_collate_workers \(YAML key odb_collate_workers\) must be >= 0"),
-    ({"odb_balance_stages": ["llm", "audio"]}, "odb_balance_stages: 'audio' is not one of"),
+    ({"odb_balance_stages": ["llm", "speech"]}, "odb_balance_stages: 'speech' is not one of"),
     ({"odb_balance_mode": "greedy"}, r"balance_mode \(YAML key odb_balance_mode\) must be one of"),
 ])
 def test_yaml_values_are_typed_and_named(values, message):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import time
 from typing import Any
 
 import torch
@@ -149,12 +150,15 @@ def _return_shares(shares: dict, group) -> dict:
     out = {}
     for names in groups:
         bal = shares[names[0]][1]
+        start = time.perf_counter()
         backs, sent = return_outputs_together([parts[stages.index(s)] for s in names], rank, group,
                                               what=f"{' + '.join(names)} embeddings", step=bal.step,
                                               timeout_s=bal.timeout_s)
+        seconds = time.perf_counter() - start  # one exchange: each stage records it
         for s, back, nbytes in zip(names, backs, sent):
             out[s] = back
             shares[s][1].last_stats.embed_bytes_sent = nbytes
+            shares[s][1].last_stats.embed_exchange_s = seconds
     return out
 
 

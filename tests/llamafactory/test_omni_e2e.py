@@ -77,15 +77,26 @@ def test_every_stage_balanced_logs_the_encoder_stages(omni_run):
     assert any(h.get("odb/audio_moved_items", 0) > 0 for h in logged)
 
 
-def test_a_trainable_audio_tower_without_unused_parameter_detection_is_refused_on_both_ranks(omni_run, tmp_path):
+def test_a_trainable_audio_tower_without_unused_parameter_detection_is_refused(omni_run, monkeypatch):
+    from odb_factory.llamafactory.arguments import check_model, ddp_unused_parameter_problems, parse_odb_arguments
+
     model, _, _, _ = omni_run
-    config = base_yaml(model, model.parent / "data", tmp_path / "out", template="qwen2_omni", dataset="omni_demo",
-                       freeze_vision_tower=False, **ODB)
-    proc = train(config, nproc=2, timeout=300, check=False)
-    text = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    assert text.count("freeze_vision_tower: false trains the audio tower of this qwen2_5_omni model") >= 2, text[-3000:]
-    assert "set ddp_find_unused_parameters: true (with use_reentrant_gc: false)" in text
+    raw = {"model_name_or_path": str(model), "finetuning_type": "full", "freeze_vision_tower": False}
+    odb = parse_odb_arguments({"odb_enable": True})
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it in every worker
+    with pytest.raises(ValueError, match=r"^freeze_vision_tower: false trains the audio tower of this qwen2_5_omni "
+                                         r"model, .* set ddp_find_unused_parameters: true \(with use_reentrant_gc: false\)"):
+        check_model(odb, raw)
+    with pytest.raises(ValueError, match=r"^ddp_find_unused_parameters: true with reentrant gradient checkpointing"):
+        check_model(odb, {**raw, "ddp_find_unused_parameters": True})
+    check_model(odb, {**raw, **TRAINABLE_TOWERS})  # what the run above trains with
+    # where nothing is refused: frozen towers (the default), one process, DeepSpeed, LoRA,
+    # no checkpointing (transformers then looks for unused parameters itself), other models
+    for fine in ({"freeze_vision_tower": True}, {"deepspeed": "ds.json"}, {"finetuning_type": "lora"},
+                 {"disable_gradient_checkpointing": True}):
+        assert ddp_unused_parameter_problems({**raw, **fine}, "qwen2_5_omni", 2) == []
+    assert ddp_unused_parameter_problems(raw, "qwen2_5_omni", 1) == []
+    assert ddp_unused_parameter_problems(raw, "qwen3_vl", 2) == []
 
 
 def test_rows_whose_audio_tokens_cutoff_len_would_cut_are_named_before_training(omni_run, tmp_path):
