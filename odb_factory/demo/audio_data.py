@@ -32,6 +32,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from odb_factory.demo.synthetic_data import register_dataset
+
 DATASET_NAME = "omni_demo"
 DATA_FILE = "omni_demo.json"
 AUDIO_DIR = "audios"
@@ -171,24 +173,10 @@ def write_audio_demo(out_dir: str | Path, image_dir: str | Path | None = None, s
     with open(out / CLIPS_FILE, "w", encoding="utf-8") as f:
         json.dump(clips, f, indent=1)
         f.write("\n")
-    info_path = out / "dataset_info.json"
-    info: dict[str, Any] = {}
-    if info_path.is_file():  # keep other registrations in a shared dataset_dir
-        with open(info_path, encoding="utf-8") as f:
-            info = json.load(f)
     columns = {"messages": "messages", "audios": "audios"}
     if images:
         columns["images"] = "images"
-    info[DATASET_NAME] = {
-        "file_name": DATA_FILE,
-        "formatting": "sharegpt",
-        "columns": columns,
-        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
-                 "assistant_tag": "assistant", "system_tag": "system"},
-    }
-    with open(info_path, "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=2, sort_keys=True)
-        f.write("\n")
+    register_dataset(out, DATASET_NAME, DATA_FILE, columns)
     return out
 
 

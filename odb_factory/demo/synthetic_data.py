@@ -215,26 +215,7 @@ def write_demo_dataset(
         json.dump(samples, f, ensure_ascii=False, indent=1)
         f.write("\n")
 
-    info_path = out / "dataset_info.json"
-    info: dict[str, Any] = {}
-    if info_path.is_file():  # keep other registrations in a shared dataset_dir
-        with open(info_path, encoding="utf-8") as f:
-            info = json.load(f)
-    info[dataset_name] = {
-        "file_name": DATA_FILE,
-        "formatting": "sharegpt",
-        "columns": {"messages": "messages", "images": "images"},
-        "tags": {
-            "role_tag": "role",
-            "content_tag": "content",
-            "user_tag": "user",
-            "assistant_tag": "assistant",
-            "system_tag": "system",
-        },
-    }
-    with open(info_path, "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=2, sort_keys=True)
-        f.write("\n")
+    register_dataset(out, dataset_name, DATA_FILE, {"messages": "messages", "images": "images"})
 
     srt = sorted(costs)
     stats = {
@@ -256,6 +237,26 @@ def write_demo_dataset(
         json.dump(stats, f, indent=2, sort_keys=True)
         f.write("\n")
     return {"dataset_dir": str(out), **stats}
+
+
+def register_dataset(out: Path, name: str, data_file: str, columns: dict) -> None:
+    """Register a sharegpt-format file (role/content messages) as `name` in `out`'s
+    dataset_info.json, keeping the other registrations of a shared dataset_dir."""
+    info_path = out / "dataset_info.json"
+    info: dict[str, Any] = {}
+    if info_path.is_file():
+        with open(info_path, encoding="utf-8") as f:
+            info = json.load(f)
+    info[name] = {
+        "file_name": data_file,
+        "formatting": "sharegpt",
+        "columns": columns,
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                 "assistant_tag": "assistant", "system_tag": "system"},
+    }
+    with open(info_path, "w", encoding="utf-8") as f:
+        json.dump(info, f, indent=2, sort_keys=True)
+        f.write("\n")
 
 
 def main(argv: list[str] | None = None) -> None:
