@@ -39,6 +39,7 @@ class BenchResults:
     samples: int
     quick: bool
     omni_md: str = ""                 # bench.audio_stage: encoder stages on an omni profile
+    sensitivity_md: str = ""          # bench.sensitivity: bands over the uncertain inputs
 
     @property
     def headline(self) -> List[dict]:
@@ -177,6 +178,8 @@ def report_markdown(res: BenchResults) -> str:
         "## Paper figures beside ours",
         cmp.paper_side_by_side(res.rows), "", cmp.range_check(res.rows),
         cmp.oracle_summary(res.rows),
+        "## Sensitivity: every speedup over its uncertain inputs (bench.sensitivity)",
+        res.sensitivity_md or "Not computed in this run.",
         "## Why rows differ from the paper (computed)",
         "\n\n".join(explain_md) if explain_md else f"All paper rows are within {TOLERANCE_TEXT}.",
         "## All settings (samples/s and speedup)",

@@ -7,18 +7,20 @@ Writes bench/results/: report.md, CSVs and PNG plots; prints the main table. Eve
 batches come from its real code path (bench.methods); a calibrated step-time model
 (bench.step_model) turns them into simulated wall-clock time (bench.simulate). This module
 only runs the steps in order: bench.lab builds the rows, bench.calibration fits the MFU,
-bench.ablations sweeps, bench.paper_comparison words the comparison, bench.report writes.
+bench.ablations sweeps, bench.sensitivity bands every speedup over the uncertain inputs,
+bench.paper_comparison words the comparison, bench.report writes.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
 from typing import Optional
 
-from . import ablations
+from . import ablations, sensitivity
 from . import paper_comparison as cmp
 from .calibration import calibrate_mfu
 from .demo_workload import DEMO_DIR, demo_profile
@@ -88,6 +90,11 @@ def run(quick: bool, samples: Optional[int] = None, seed: int = 0, out: Path = R
         cmp.add_paper_notes(lab, row, profiles[w])
         rows.append(row)
     cmp.add_other_model_size_notes(rows)
+    log("sensitivity: every speedup over the uncertain inputs (bench.sensitivity)")
+    regenerate = {name: functools.partial(make, n, seed) for name, make in PAPER_WORKLOADS.items()}
+    records = sensitivity.sweep(profiles, regenerate, [(r["workload"], r["model"], r["setting"]) for r in rows],
+                                mfu, seed, nominal_lab=lab, paper_rows_only=quick, log=log)
+    sensitivity_md = sensitivity.section(records, out, paper_rows_only=quick)
     log("ablation: L_max sweep")
     lmax = ablations.ablation_lmax(lab, paper_profs, mfu)
     log("ablation: window B")
@@ -117,7 +124,7 @@ def run(quick: bool, samples: Optional[int] = None, seed: int = 0, out: Path = R
     omni_md = audio_stage.omni_section(quick, out)
     log("writing report")
     results = BenchResults(rows, profiles, lmax, buffer_rows, depth, cv_rows, fs_rows,
-                           engine_md, measured_md, mfu, n, quick, omni_md)
+                           engine_md, measured_md, mfu, n, quick, omni_md, sensitivity_md)
     text = write_report(out, results)
     print(main_table(results.headline + [r for r in rows if r.get("paper") and not is_headline(r)]))
     print()

@@ -140,13 +140,32 @@ def _assemble(name: str, text: np.ndarray, images: np.ndarray, patches: np.ndarr
                    budget, bool(images.sum() == 0), note, targets)
 
 
+FAMILIES = ("lognormal", "log-logistic", "log-gamma")
+
+
+def _draws(rng: np.random.Generator, n: int, family: str) -> np.ndarray:
+    """Unit-variance draws whose exponential shapes the text lengths: standard normal
+    (lognormal lengths, the nominal family), logistic (heavier right tail) or a standardised
+    log-gamma(2) (lighter right tail). `_solve_lognormal` fits the same mean and CV to any."""
+    if family == "lognormal":
+        return rng.standard_normal(n)
+    if family == "log-logistic":
+        return rng.logistic(0.0, np.sqrt(3.0) / np.pi, size=n)
+    if family == "log-gamma":
+        x = np.log(rng.gamma(2.0, size=n))
+        return (x - x.mean()) / x.std()
+    raise ValueError(f"unknown length family {family!r}; one of {FAMILIES}")
+
+
 # ----------------------------------------------------------------------------- paper workloads
-def ultrachat(n: int, seed: int = 0) -> Profile:
+# `family` and `mean_scale` vary the assumed shape and mean (bench.sensitivity); the defaults
+# are the nominal profiles.
+def ultrachat(n: int, seed: int = 0, family: str = "lognormal", mean_scale: float = 1.0) -> Profile:
     """UltraChat-200K: text only, mean 1,350 LLM tokens (derived), CV 0.48 (paper)."""
     rng = np.random.default_rng([seed, 1])
-    z = rng.standard_normal(n)
+    z = _draws(rng, n, family)
     zeros = np.zeros(n, dtype=np.int64)
-    text = _solve_lognormal(z, zeros, 1350.0, 0.48, 24, CUTOFF_LEN)
+    text = _solve_lognormal(z, zeros, 1350.0 * mean_scale, 0.48, 24, CUTOFF_LEN)
     return _assemble("UltraChat-200K", text, zeros, zeros, zeros, 0.75, 12288,
                      "text; lognormal, mean 1,350 (derived), CV 0.48 (paper)",
                      {"cv": 0.48, "mean": 1350})
@@ -162,13 +181,13 @@ def _coco_sizes(n: int, rng: np.random.Generator) -> np.ndarray:
     return np.stack([w, h], axis=1)
 
 
-def llava(n: int, seed: int = 0) -> Profile:
+def llava(n: int, seed: int = 0, family: str = "lognormal", mean_scale: float = 1.0) -> Profile:
     """LLaVA-Instruct-150K: one COCO image each (~300 tokens), text mean ~240, total CV 0.29."""
     rng = np.random.default_rng([seed, 2])
     patches = _patches_for(_coco_sizes(n, rng))
-    z = rng.standard_normal(n)
+    z = _draws(rng, n, family)
     base = patches // (MERGE * MERGE)
-    text = _solve_lognormal(z, base, 540.0, 0.29, 20, CUTOFF_LEN)
+    text = _solve_lognormal(z, base, 540.0 * mean_scale, 0.29, 20, CUTOFF_LEN)
     ones = np.ones(n, dtype=np.int64)
     return _assemble("LLaVA-Instruct-150K", text, ones, patches, patches ** 2, 0.55, 12288,
                      "1 COCO image/sample; total mean 540 (assumption), CV 0.29 (paper)",
@@ -185,20 +204,21 @@ def _web_sizes(n: int, rng: np.random.Generator, large_share: float) -> np.ndarr
     return np.stack([np.rint(w), np.rint(h)], axis=1).astype(np.int64)
 
 
-def sharegpt4o(n: int, seed: int = 0) -> Profile:
+def sharegpt4o(n: int, seed: int = 0, family: str = "lognormal", mean_scale: float = 1.0) -> Profile:
     """ShareGPT-4o (57K images): one image each, mostly capped at ~576 tokens, text long tail.
     Total mean 2,000 (assumption), CV 1.00 (paper)."""
     rng = np.random.default_rng([seed, 3])
     patches = _patches_for(_web_sizes(n, rng, 0.8))
-    z = rng.standard_normal(n)
-    text = _solve_lognormal(z, patches // (MERGE * MERGE), 2000.0, 1.00, 30, CUTOFF_LEN)
+    z = _draws(rng, n, family)
+    text = _solve_lognormal(z, patches // (MERGE * MERGE), 2000.0 * mean_scale, 1.00, 30, CUTOFF_LEN)
     ones = np.ones(n, dtype=np.int64)
     return _assemble("ShareGPT-4o-57K", text, ones, patches, patches ** 2, 0.85, 14336,
                      "1 image/sample (80% at the 0.59 MP cap); total mean 2,000 (assumption), "
                      "CV 1.00 (paper)", {"cv": 1.00, "mean": 2000})
 
 
-def mm_mix(n: int, seed: int = 0, short_share: float = 0.6, cv: float = 0.95) -> Profile:
+def mm_mix(n: int, seed: int = 0, short_share: float = 0.6, cv: float = 0.95,
+           family: str = "lognormal") -> Profile:
     """MM-Mix: `short_share` short OCR/VQA/caption samples (one small image, a few words),
     30% single-image conversations, the rest a multi-image (2-4) tail whose text mean is solved
     so the whole mix has the target CV. All assumptions: the production mix is not public; the
@@ -220,7 +240,7 @@ def mm_mix(n: int, seed: int = 0, short_share: float = 0.6, cv: float = 0.95) ->
     docs = np.zeros(n, dtype=bool)
     docs[rng.choice(n, size=max(1, n // 40000), replace=False)] = True
     text = np.where(docs, rng.integers(8000, 13000, size=n), text)
-    z = rng.standard_normal(n)
+    z = _draws(rng, n, family)
     tail = (kind == 2) & ~docs
 
     def with_tail(mean: float) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""End-to-end: stock `llamafactory-cli train` on the tiny Qwen3-VL with odb_* keys."""
+"""End-to-end: stock LLaMA-Factory training (`llamafactory-cli train`, or the launcher command it
+runs: tests/helpers/lf_runs.py) on the tiny Qwen3-VL with odb_* keys."""
 
 from __future__ import annotations
 
@@ -119,14 +120,14 @@ def test_two_ranks_zero2(tmp_path, tiny_model, demo_data):
 
 def test_without_odb_keys_llamafactory_runs_upstream(tmp_path, tiny_model, demo_data):
     out = tmp_path / "upstream"
-    proc = train(base_yaml(tiny_model, demo_data, out, max_steps=3))
+    proc = train(base_yaml(tiny_model, demo_data, out, max_steps=3), via_cli=True)
     assert "odb/" not in proc.stdout + proc.stderr
     assert [h["step"] for h in log_history(out) if "loss" in h] == [1, 2, 3]
 
 
 def test_disable_switch_turns_the_hook_off(tmp_path, tiny_model, demo_data):
     config = base_yaml(tiny_model, demo_data, tmp_path / "disabled", max_steps=1, **ODB)
-    proc = train(config, check=False, ODB_FACTORY_DISABLE="1")
+    proc = train(config, check=False, via_cli=True, ODB_FACTORY_DISABLE="1")
     assert proc.returncode != 0
     assert "Some keys are not used by the HfArgumentParser" in proc.stdout + proc.stderr
 
@@ -213,7 +214,7 @@ def test_real_llamafactory_demo_data(tmp_path, tiny_model):
     out = tmp_path / "real_out"
     config = base_yaml(tiny_model, data_dir, out, dataset="mllm_demo,alpaca_en_demo", max_samples=60,
                        media_dir=str(demo), odb_audit_dir=str(tmp_path / "real_audit"), **ODB)
-    train(config, nproc=2)
+    train(config, nproc=2, via_cli=True)
     rows = ledger(tmp_path / "real_audit")
     mllm = len(json.loads((demo / "mllm_demo.json").read_text()))
     assert trained_indices(rows) == list(range(min(60, mllm) + 60))

@@ -1,4 +1,4 @@
-"""End-to-end: stock `llamafactory-cli train` on the tiny Qwen2.5-Omni thinker (template qwen2_omni)
+"""End-to-end: LLaMA-Factory training (lf_runs.train) on the tiny Qwen2.5-Omni thinker (template qwen2_omni)
 with odb_* keys, on generated wav/flac/mp3 clips (16 and 44.1 kHz, mono and stereo) read by the
 audio-reading patch, with the audio and vision towers trainable and every stage balanced (LLM,
 vision, audio), on 2 CPU ranks."""

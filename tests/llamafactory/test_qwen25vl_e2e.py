@@ -1,4 +1,4 @@
-"""End-to-end: stock `llamafactory-cli train` on a tiny Qwen2.5-VL (template qwen2_vl) with odb_* keys."""
+"""End-to-end: LLaMA-Factory training (lf_runs.train) on a tiny Qwen2.5-VL (template qwen2_vl) with odb_* keys."""
 
 from __future__ import annotations
 

@@ -25,14 +25,25 @@ def _text_only(demo_data: Path, out: Path) -> Path:
     return out
 
 
+_STANDARD_RUNS: dict = {}  # one Standard run per distinct YAML, shared by the tests that compare with it
+
+
+def _standard(tmp_path, model, data, name, common) -> Path:
+    key = (str(model), str(data), json.dumps(common, sort_keys=True))
+    if key not in _STANDARD_RUNS:
+        out = tmp_path / f"{name}_standard"
+        train(base_yaml(model, data, out, **common), nproc=2)
+        _STANDARD_RUNS[key] = out
+    return _STANDARD_RUNS[key]
+
+
 def _pair(tmp_path, model, data, name, odb_extra=None, **extra):
     """(Standard history, ODB history, ODB ledger) for the same YAML, ODB on or off
     (`odb_extra`: further odb_* keys of the ODB run)."""
     common = dict(per_device_train_batch_size=1, gradient_accumulation_steps=4, val_size=0.2,
                   per_device_eval_batch_size=4, eval_strategy="no", do_eval=True, learning_rate=2e-3,
                   lr_scheduler_type="cosine", warmup_ratio=0.1, max_grad_norm=1.0, seed=11, **extra)
-    std = tmp_path / f"{name}_standard"
-    train(base_yaml(model, data, std, **common), nproc=2)
+    std = _standard(tmp_path, model, data, name, common)
     odb = tmp_path / f"{name}_odb"
     audit = tmp_path / f"{name}_audit"
     train(base_yaml(model, data, odb, odb_enable=True, odb_token_budget=512, odb_collate_workers=1,
