@@ -4,11 +4,12 @@ samples for all three, so the same model.
 
     python -m bench.padding_free [--repeats N] [--cells 1x4,1x16]
 
-Real `llamafactory-cli` runs on 2 CPU ranks (tiny Qwen3-VL, generated demo set, bench.measured's
-settings), the three modes alternating inside every repeat; throughput is train samples over HF's
-`train_runtime`. On CPU, sdpa builds a dense (Σ len)² block mask for a packed row, so this
-measures the CPU case, where padding-free is not expected to pay; the GPU case (flash attention's
-varlen kernels) is simulated in `make bench`.
+Real LLaMA-Factory runs (the torchrun command `llamafactory-cli train` starts) on 2 CPU ranks
+(tiny Qwen3-VL, generated demo set, bench.measured's settings), the three modes alternating
+inside every repeat; throughput is train samples over HF's `train_runtime`. On CPU, sdpa builds
+a dense (Σ len)² block mask for a packed row, so this measures the CPU case, where padding-free
+is not expected to pay; the GPU case (flash attention's varlen kernels) is simulated in
+`make bench`.
 """
 
 from __future__ import annotations

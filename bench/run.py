@@ -51,10 +51,10 @@ def engine_section(quick: bool) -> str:
 
 
 def measured_layer(quick: bool, out: Path) -> str:
-    """Real llamafactory-cli runs on this machine (bench.measured, bench.startup): writes the
+    """Real LLaMA-Factory runs on this machine (bench.measured, bench.startup): writes the
     per-step rows the step model is fitted to and returns the throughput section."""
     from . import measured, startup
-    log("measured layer: llamafactory-cli on 2 CPU ranks (tiny Qwen3-VL, generated data)")
+    log("measured layer: LLaMA-Factory on 2 CPU ranks (tiny Qwen3-VL, generated data)")
     res = measured.main(["--quick"] if quick else [])
     # this run's ODB steps only (older ledgers may sit beside them)
     write_measured_rows(res["records"], out / "measured_rows.csv")
@@ -113,7 +113,7 @@ def run(quick: bool, samples: Optional[int] = None, seed: int = 0, out: Path = R
         cpu_md = measured_layer(quick, out)
     if not skip_measured:
         from . import step_modes
-        log("optimizer-step modes: Standard vs ODB samples (llamafactory-cli) and at paper scale")
+        log("optimizer-step modes: Standard vs ODB samples (LLaMA-Factory runs) and at paper scale")
         cpu_md += "\n\n" + step_modes.main(["--quick"] if quick else [], profiles=paper_profs, mfu=mfu)
     measured = measured or (out / "measured_rows.csv")
     if measured.exists():

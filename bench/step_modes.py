@@ -5,12 +5,13 @@ beside them for eval loss.
 
     python -m bench.step_modes [--quick] [--repeats N] [--resume]
 
-Measured: real `llamafactory-cli` runs on 2 CPU ranks (tiny Qwen3-VL, generated demo set,
-bench.measured's settings), Standard and `samples` alternating inside every repeat; the
-throughput is train samples over HF's `train_runtime` (start-up excluded, the same samples
-for both). Simulated: the paper-scale workloads through the step model (bench.simulate),
-Standard's schedule against `samples` packing of the very same schedule (bench.methods
-.odb_samples), 8B on one 8-GPU node.
+Measured: real LLaMA-Factory runs (the torchrun command `llamafactory-cli train` starts) on 2
+CPU ranks (tiny Qwen3-VL, generated demo set, bench.measured's settings), Standard and `samples`
+alternating inside every repeat; the throughput is train samples over HF's `train_runtime`
+(start-up excluded, the same samples for both). Simulated: the paper-scale workloads through the
+step model (bench.simulate), Standard's schedule against `samples` packing of the very same
+schedule (bench.methods.odb_samples),
+8B on one 8-GPU node.
 """
 
 from __future__ import annotations
@@ -199,7 +200,8 @@ def verdicts(rows: List[dict], measured: List[dict], sim: Optional[List[dict]] =
 def section(rows: List[dict], samples: int, sim: Optional[List[dict]], quick: bool) -> str:
     measured, losses = measured_table(rows, samples), eval_loss_table(rows)
     parts = ["## Optimizer-step modes: Standard vs ODB `samples` (same steps, same samples)",
-             f"Measured: `llamafactory-cli`, 2 CPU ranks, tiny Qwen3-VL on the generated demo set "
+             "Measured: LLaMA-Factory (the torchrun command of `llamafactory-cli train`), 2 CPU ranks, "
+             "tiny Qwen3-VL on the generated demo set "
              f"(synthetic data), {samples} training samples per run"
              + (" (quick mode: one cell, one repeat)" if quick else "")
              + "; samples/s = training samples / HF `train_runtime`; speedup = per-repeat ratio of "

@@ -1,18 +1,15 @@
 """Run real LLaMA-Factory training jobs on the tiny Qwen3-VL for the end-to-end tests.
 
-`train()` runs the command `llamafactory-cli train` itself runs: with more than one process,
-`torchrun ... llamafactory/launcher.py CONFIG` (LLaMA-Factory's launcher builds exactly that
-command under FORCE_TORCHRUN), else `python llamafactory/launcher.py CONFIG`. Skipping the CLI's
-own parent process saves its ~8 s of imports per run on this machine; `via_cli=True` goes through
-`llamafactory-cli` instead, for the tests whose point is the user's entry point.
+`train()` runs the command `llamafactory-cli train` itself runs (odb_factory.llamafactory.launch:
+`torchrun ... llamafactory/launcher.py CONFIG` with more than one process), which saves the CLI's
+own ~8 s of imports per run; `via_cli=True` goes through `llamafactory-cli`, for the tests whose
+point is the user's entry point.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,13 +17,12 @@ from typing import Dict, List, Optional
 
 import yaml
 
+from odb_factory.llamafactory import launch
 from odb_factory.llamafactory.audit_ledger import read_ledger
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DEMO = REPO.parent / "shared" / "data" / "llamafactory_demo"
 BIN = Path(sys.executable).parent
-_LLAMAFACTORY = importlib.util.find_spec("llamafactory")
-LAUNCHER = Path(_LLAMAFACTORY.origin).parent / "launcher.py" if _LLAMAFACTORY else None
 
 
 def env(**extra: str) -> Dict[str, str]:
@@ -54,20 +50,11 @@ def base_yaml(model_dir: Path, data_dir: Path, out_dir: Path, **overrides) -> di
     return config
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def train_command(path: Path, nproc: int = 1, via_cli: bool = False) -> List[str]:
     """The command that trains `path` on `nproc` local processes (see the module docstring)."""
     if via_cli:
         return [str(BIN / "llamafactory-cli"), "train", str(path)]
-    if nproc > 1:
-        return [str(BIN / "torchrun"), "--nnodes", "1", "--node_rank", "0", "--nproc_per_node", str(nproc),
-                "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(LAUNCHER), str(path)]
-    return [sys.executable, str(LAUNCHER), str(path)]
+    return launch.train_command([path], nproc)
 
 
 def train(config: dict, nproc: int = 1, timeout: float = 600, check: bool = True, via_cli: bool = False,
