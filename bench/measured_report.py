@@ -1,4 +1,4 @@
-"""The measured layer in the report: the CPU runs' section, the per-step rows they leave in
+"""The measured layer in the report: the per-step rows the CPU runs leave in
 `measured_rows.csv`, and the step model fitted to those rows (predicted vs measured)."""
 
 from __future__ import annotations
@@ -29,41 +29,6 @@ def write_measured_rows(records: Iterable[Mapping], path: Path) -> None:
         for rec in records:
             writer.writerow({"label": "odb cpu", "tokens": rec["padded_tokens"], "sum_sq": rec["attention_cost"],
                              "patches": rec["vision_patches"], "time_s": rec["seconds"]})
-
-
-def measured_section(res: Mapping, start: Mapping[str, float]) -> str:
-    """The CPU runs (bench.measured) and start-up figures (bench.startup) as report text."""
-    lines = ["## Measured on this machine (2 CPU ranks, gloo, tiny Qwen3-VL)",
-             f"Generated mixed text/image data, length CV {res['length_cv']:.2f}, 256 samples "
-             f"(10% held out); {res['repeats']} repeats, Standard = batch 1 per device.", "",
-             "| repeat | Standard samples/s | ODB samples/s | ODB / Standard | Standard eval loss | ODB eval loss "
-             "| optimizer steps Standard / ODB |",
-             "|---|---|---|---|---|---|---|"]
-    for r in res["runs"]:
-        lines.append(f"| {r['repeat']} | {r['standard_samples_per_s']:.1f} | {r['odb_samples_per_s']:.1f} | "
-                     f"{r['ratio']:.2f} | {r['standard_eval_loss']:.4f} | {r['odb_eval_loss']:.4f} | "
-                     f"{r['standard_steps']} / {r['odb_steps']} |")
-    lines += ["", f"ODB / Standard: mean {res['ratio_mean']:.2f}×, range {res['ratio_min']:.2f}–"
-              f"{res['ratio_max']:.2f}× over {res['repeats']} repeats."]
-    if "balance_samples_per_s" in res:
-        lines.append(f"ODB + post-balancing: {res['balance_samples_per_s']:.1f} samples/s "
-                     f"({res['balance_ratio_vs_odb']:.2f}× ODB); Sorted (group-by-length, batch 4): "
-                     f"{res['sorted_samples_per_s']:.1f} samples/s, eval loss {res['sorted_eval_loss']:.4f} "
-                     "(quality band: reported, not asserted).")
-        std_loss, odb_loss = res["runs"][0]["standard_eval_loss"], res["runs"][0]["odb_eval_loss"]
-        nearer = "ODB" if abs(res["matched_eval_loss"] - odb_loss) < abs(res["matched_eval_loss"] - std_loss) \
-            else "batch-1 Standard"
-        lines.append(f"Standard with batch {res['matched_batch']} (ODB's mean samples per micro-step): "
-                     f"{res['matched_samples_per_s']:.1f} samples/s, {res['matched_steps']} optimizer steps, "
-                     f"eval loss {res['matched_eval_loss']:.4f}, nearer {nearer}'s — the same learning rate "
-                     "over fewer, larger optimizer steps is what this run isolates from the grouping.")
-    fit = res["step_model"]
-    lines += ["", "Step time ~ c0 + a·padded tokens + b·Σ n·L² + v·vision patches (each the slowest rank's) "
-              f"fitted (NNLS) on {fit['steps_fitted']} ODB optimizer steps, "
-              f"checked on {fit['steps_checked']} others: median |error| {fit['median_abs_pct_error']:.1f}%, "
-              f"mean {fit['mean_abs_pct_error']:.1f}%.", "",
-              "Start-up: " + ", ".join(f"{k} = {v:.3f}" for k, v in start.items()) + "."]
-    return "\n".join(lines)
 
 
 def add_measured_rows(rows: Iterable[Mapping[str, float]], out_dir: Path,

@@ -25,7 +25,7 @@ from . import paper_comparison as cmp
 from .calibration import calibrate_mfu
 from .demo_workload import DEMO_DIR, demo_profile
 from .lab import SETTINGS, Lab, evaluate_row
-from .measured_report import add_measured_rows, measured_section, read_measured_rows, write_measured_rows
+from .measured_report import add_measured_rows, read_measured_rows, write_measured_rows
 from .paper_comparison import paper_side_by_side
 from .report import BenchResults, is_headline, write_report
 from .tables import main_table
@@ -51,16 +51,19 @@ def engine_section(quick: bool) -> str:
 
 
 def measured_layer(quick: bool, out: Path) -> str:
-    """Real LLaMA-Factory runs on this machine (bench.measured, bench.startup): writes the
-    per-step rows the step model is fitted to and returns the throughput section."""
-    from . import measured, startup
-    log("measured layer: LLaMA-Factory on 2 CPU ranks (tiny Qwen3-VL, generated data)")
-    res = measured.main(["--quick"] if quick else [])
-    # this run's ODB steps only (older ledgers may sit beside them)
+    """Real LLaMA-Factory runs on this machine: every method on the same samples, repeated
+    (bench.measured_runs), whose ODB steps are the rows the step model is fitted to; start-up
+    figures (bench.startup) in full mode."""
+    from . import measured_runs, startup
+    log("measured layer: every method, LLaMA-Factory on 2 CPU ranks (tiny Qwen3-VL, generated data)")
+    res = measured_runs.main((["--quick"] if quick else []) + ["--out", str(out)])
     write_measured_rows(res["records"], out / "measured_rows.csv")
-    log("measured layer: start-up figures")
-    start = startup.main(["--quick"] if quick else [])
-    return measured_section(res, start)
+    text = res["section"]
+    if not quick:
+        log("measured layer: start-up figures")
+        start = startup.main([])
+        text += "\n\nStart-up (bench.startup): " + ", ".join(f"{k} = {v:.3f}" for k, v in start.items()) + "."
+    return text
 
 
 def run(quick: bool, samples: Optional[int] = None, seed: int = 0, out: Path = RESULTS,
@@ -111,10 +114,13 @@ def run(quick: bool, samples: Optional[int] = None, seed: int = 0, out: Path = R
     cpu_md = ""
     if not skip_measured and measured is None:
         cpu_md = measured_layer(quick, out)
-    if not skip_measured:
-        from . import step_modes
+    from . import step_modes
+    if not skip_measured and not quick:
         log("optimizer-step modes: Standard vs ODB samples (LLaMA-Factory runs) and at paper scale")
-        cpu_md += "\n\n" + step_modes.main(["--quick"] if quick else [], profiles=paper_profs, mfu=mfu)
+        cpu_md += "\n\n" + step_modes.main([], profiles=paper_profs, mfu=mfu)
+    else:
+        log("optimizer-step modes at paper scale (simulated)")
+        cpu_md += "\n\n" + step_modes.simulated_section(step_modes.simulated_table(paper_profs, mfu))
     measured = measured or (out / "measured_rows.csv")
     if measured.exists():
         log(f"measured rows: {measured}")

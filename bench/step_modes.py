@@ -215,6 +215,15 @@ def section(rows: List[dict], samples: int, sim: Optional[List[dict]], quick: bo
     return "\n\n".join(parts)
 
 
+def simulated_section(sim: List[dict]) -> str:
+    """The paper-scale part alone (`make bench QUICK=1`: the measured side is
+    bench.measured_runs' table, where ODB samples runs beside Standard)."""
+    return "\n\n".join(["## Optimizer-step modes at paper scale: Standard vs ODB `samples` (simulated)",
+                         "Standard's schedule vs `samples` packing of the same schedule, padded and "
+                         "padding-free with global grouping (8B, 1 node × 8, the step model of this report).",
+                         markdown(sim)] + verdicts([], [], sim))
+
+
 def train_samples() -> int:
     """Training rows of a measured run (bench.measured.COMMON: max_samples less val_size)."""
     from .measured import COMMON

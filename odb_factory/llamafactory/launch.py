@@ -13,7 +13,7 @@ import importlib.util
 import socket
 import sys
 from pathlib import Path
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 
 def launcher_path() -> Path:
@@ -29,10 +29,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def train_command(args: Sequence[str], nproc: int = 1) -> List[str]:
+def train_command(args: Sequence[str], nproc: int = 1, script: Optional[Path] = None) -> List[str]:
     """argv that trains `args` (a config path, then optional KEY=VALUE overrides) on `nproc`
-    local processes, as `llamafactory-cli train` with FORCE_TORCHRUN=1 NPROC_PER_NODE=nproc."""
-    launcher = str(launcher_path())
+    local processes, as `llamafactory-cli train` with FORCE_TORCHRUN=1 NPROC_PER_NODE=nproc
+    (`script`: another entry file in place of LLaMA-Factory's launcher)."""
+    launcher = str(script or launcher_path())
     if nproc > 1:
         torchrun = Path(sys.executable).parent / "torchrun"
         return [str(torchrun), "--nnodes", "1", "--node_rank", "0", "--nproc_per_node", str(nproc),

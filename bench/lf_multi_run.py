@@ -1,0 +1,78 @@
+"""Several LLaMA-Factory runs in one torchrun, one after another (bench.measured_runs).
+
+    torchrun --nproc_per_node 2 bench/lf_multi_run.py RUNS.json
+
+RUNS.json: a list of LLaMA-Factory configs (dicts). Each goes through `run_exp(config)`, the
+function `llamafactory-cli train` ends in, in the same processes: the ~13 s of imports per
+process on a 2-core machine are paid once, not per run. The process group is kept between runs
+(LLaMA-Factory destroys it at the end of each run; a re-created default group can deadlock the
+next rendezvous), so the runs share it as they share the processes.
+
+Per run, each rank writes `<output_dir>/compute_rank<r>.json`: the seconds spent inside the
+trainer's `training_step` (forward + backward of every micro-batch of an optimizer step), the
+share of train time that is compute.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+class ComputeTimer:
+    """Seconds inside the outermost `training_step` call (subclasses call their parents')."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._depth = threading.local()
+
+    def wrap(self, cls) -> None:
+        inner = cls.training_step
+
+        @functools.wraps(inner)
+        def timed(trainer, *args, **kwargs):
+            depth = getattr(self._depth, "n", 0)
+            self._depth.n = depth + 1
+            start = time.perf_counter()
+            try:
+                return inner(trainer, *args, **kwargs)
+            finally:
+                self._depth.n = depth
+                if depth == 0:
+                    self.seconds += time.perf_counter() - start
+        cls.training_step = timed
+
+
+def main(path: str) -> None:
+    import torch.distributed as dist
+    import transformers
+    from llamafactory.train.tuner import run_exp
+
+    from odb_factory.llamafactory.trainer import ODBTrainerMixin
+
+    timer = ComputeTimer()
+    timer.wrap(transformers.Trainer)
+    timer.wrap(ODBTrainerMixin)
+    destroy = dist.destroy_process_group
+    dist.destroy_process_group = lambda *args, **kwargs: None
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        for config in json.loads(Path(path).read_text()):
+            timer.seconds = 0.0
+            run_exp(dict(config))
+            out = Path(config["output_dir"]) / f"compute_rank{rank}.json"
+            out.write_text(json.dumps({"training_step_s": timer.seconds}))
+            print(f"[lf_multi_run] rank {rank}: {config['output_dir']} done", file=sys.stderr, flush=True)
+    finally:
+        dist.destroy_process_group = destroy
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,255 @@
+"""The measured layer: every method on the same model, data and samples, repeated, with 95%
+confidence intervals and the eval loss after the same samples.
+
+    python -m bench.measured_runs [--quick] [--repeats N] [--samples N]
+
+Real LLaMA-Factory training (`run_exp`, what `llamafactory-cli train` calls) on 2 CPU ranks
+(gloo) of the tiny Qwen3-VL on a generated mixed text/image set (synthetic, length CV ≈ 1):
+all runs of one invocation go through one torchrun (bench/lf_multi_run.py), so start-up is paid
+once; throughput is over HF's `train_runtime`, which leaves start-up out anyway.
+
+Methods, one epoch each over the same training split (10% held out for the eval loss):
+  Standard                   per-device batch 1, accumulation 4 (the fixed-batch run)
+  Standard at ODB's batch    per-device batch = ODB groups' mean samples per micro-step, accumulation 1
+  group_by_length            HF's length-grouped sampler at that batch
+  ODB groups                 budget-filled groups, one per optimizer step (the paper's)
+  ODB samples                Standard's optimizer steps and samples, packed under the budget
+  ODB padding-free           ODB samples with each group one flattened row
+  peer package               not run: see PEER_NOT_RUN
+
+Order: a calibration run of ODB groups first (not counted: its mean group size sets the matched
+batch), then a short warm-up run, then repeat after repeat, the methods in a seeded random
+order per repeat, so drift hits all alike.
+Per run (`measured_runs.csv`): samples, train_s, samples/s, real tokens/s (the epoch's real
+tokens, counted by ODB's ledger: every method trains the same samples once), optimizer steps,
+eval loss, and the share of train time inside `training_step` (forward + backward).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import yaml
+from scipy import stats
+
+from odb_factory.llamafactory import launch
+from odb_factory.llamafactory.audit_ledger import read_ledger
+
+from .measured import mean_group_size, offline_env, step_records
+from .tables import fmt, md_table, write_csv
+
+REPO = Path(__file__).resolve().parents[1]
+RUNS = REPO / ".cache" / "bench_measured_runs"
+DATA = REPO / ".cache" / "bench_measured_data"
+ACCUMULATION = 4
+BUDGET = 1024
+STANDARD = "Standard"
+METHODS = (STANDARD, "Standard at ODB's batch", "group_by_length", "ODB groups", "ODB samples", "ODB padding-free")
+PEER_NOT_RUN = (
+    "online-dynamic-batching 0.1.2's LLaMA-Factory adapter (`odb.integrations.llamafactory`) is a "
+    "library call into a Trainer the user builds, not a LLaMA-Factory option: running it means "
+    "writing our own trainer around it. Its HF adapter, measured earlier on this machine, exhausts "
+    "the learning-rate schedule in a few steps, breaks on eval and does not resume (DESIGN.md §2), "
+    "and its cross-rank sync is off unless workers fork; it is priced in the simulation instead "
+    "(`peer odb 0.1.2`).")
+CSV_COLUMNS = ("method", "repeat", "samples", "train_s", "samples_per_s", "tokens_per_s", "optimizer_steps",
+               "eval_loss", "compute_share")
+
+
+def base_config(samples: int) -> dict:
+    recipe = yaml.safe_load((REPO / "recipes" / "tiny" / "qwen3vl_tiny_standard.yaml").read_text())
+    recipe.update(dataset_dir=str(DATA), model_name_or_path=str(REPO / ".cache" / "tiny_qwen3vl"),
+                  max_samples=samples, val_size=0.1, do_eval=True, eval_strategy="no",
+                  per_device_eval_batch_size=4, seed=3, learning_rate=1e-3, save_strategy="no",
+                  dataloader_num_workers=1, per_device_train_batch_size=1,
+                  gradient_accumulation_steps=ACCUMULATION)
+    return recipe
+
+
+def method_config(method: str, base: dict, matched_batch: int, out: Path) -> dict:
+    odb = {"odb_enable": True, "odb_token_budget": BUDGET, "odb_buffer_size": 64, "odb_collate_workers": 1,
+           "odb_audit_dir": str(out) + "_audit"}
+    config = dict(base, output_dir=str(out))
+    if method == "Standard at ODB's batch":
+        config.update(per_device_train_batch_size=matched_batch, gradient_accumulation_steps=1)
+    elif method == "group_by_length":
+        config.update(per_device_train_batch_size=matched_batch, gradient_accumulation_steps=1,
+                      train_sampling_strategy="group_by_length")
+    elif method == "ODB groups":
+        config.update(odb, odb_step="groups", odb_loss_scaling="exact", gradient_accumulation_steps=1)
+    elif method == "ODB samples":
+        config.update(odb, odb_step="samples")
+    elif method == "ODB padding-free":
+        config.update(odb, odb_step="samples", odb_padding_free=True)
+    elif method != STANDARD:
+        raise ValueError(f"unknown method {method!r}")
+    return config
+
+
+def run_all(configs: Sequence[dict], log: Path) -> None:
+    """All `configs` in one torchrun of 2 CPU ranks (bench/lf_multi_run.py)."""
+    spec = log.with_suffix(".json")
+    spec.write_text(json.dumps(list(configs)))
+    env = offline_env(TOKENIZERS_PARALLELISM="false", FORCE_TORCHRUN="1", NPROC_PER_NODE="2",
+                      PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env.pop("ODB_FACTORY_DISABLE", None)
+    command = launch.train_command([spec], nproc=2, script=Path(__file__).with_name("lf_multi_run.py"))
+    with log.open("w") as fh:
+        proc = subprocess.run(command, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"measured runs failed (exit {proc.returncode}); see {log}")
+
+
+def read_run(method: str, repeat: int, out: Path, samples: int, epoch_tokens: Optional[int]) -> dict:
+    results = json.loads((out / "all_results.json").read_text())
+    state = json.loads((out / "trainer_state.json").read_text())
+    compute = [json.loads(p.read_text())["training_step_s"] for p in sorted(out.glob("compute_rank*.json"))]
+    train_s = float(results["train_runtime"])
+    return {"method": method, "repeat": repeat, "samples": samples, "train_s": train_s,
+            "samples_per_s": samples / train_s,
+            "tokens_per_s": epoch_tokens / train_s if epoch_tokens else None,
+            "optimizer_steps": state["global_step"], "eval_loss": results.get("eval_loss"),
+            "compute_share": max(compute) / train_s if compute else None}
+
+
+def ledger_tokens(audit: Path) -> tuple:
+    """(samples, real input tokens) the ODB ledger counted over the epoch, all ranks."""
+    rows = read_ledger(str(audit))
+    return sum(len(r["indices"]) for r in rows), sum(int(r["input_tokens"]) for r in rows)
+
+
+def interval(values: Sequence[float]) -> tuple:
+    """Mean and the half-width of its 95% confidence interval (Student's t)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, float(stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def summary(runs: Sequence[dict]) -> List[dict]:
+    """Per method: mean ± 95% CI of samples/s and tokens/s, the ratio to Standard in the same
+    repeat (mean ± CI), optimizer steps, eval loss, compute share."""
+    base = {r["repeat"]: r["samples_per_s"] for r in runs if r["method"] == STANDARD}
+    out = []
+    for method in METHODS:
+        mine = [r for r in runs if r["method"] == method]
+        if not mine:
+            continue
+        sps, sps_ci = interval([r["samples_per_s"] for r in mine])
+        tps, tps_ci = interval([r["tokens_per_s"] for r in mine])
+        ratio, ratio_ci = interval([r["samples_per_s"] / base[r["repeat"]] for r in mine if r["repeat"] in base])
+        loss, loss_ci = interval([r["eval_loss"] for r in mine])
+        share, _ = interval([r["compute_share"] for r in mine])
+        out.append({"method": method, "runs": len(mine), "samples/s": _pm(sps, sps_ci),
+                    "tokens/s": _pm(tps, tps_ci), "× Standard": _pm(ratio, ratio_ci),
+                    "optimizer steps": "/".join(sorted({str(r["optimizer_steps"]) for r in mine})),
+                    "eval loss": _pm(loss, loss_ci, 4), "compute share": share,
+                    "_ratio": ratio, "_ratio_ci": ratio_ci, "_sps": sps})
+    return out
+
+
+def _pm(mean: Optional[float], half: Optional[float], digits: int = 3) -> str:
+    """`mean ± half` with `digits` significant digits in the mean, the half-width to the same decimals."""
+    if mean is None:
+        return "—"
+    if half is None:
+        return fmt(float(mean), digits)
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(mean)))) if mean else digits
+    return f"{mean:,.{decimals}f} ± {half:,.{decimals}f}"
+
+
+def section(runs: Sequence[dict], samples: int, repeats: int, matched_batch: int, quick: bool) -> str:
+    rows = summary(runs)
+    by = {r["method"]: r for r in rows}
+    fastest = max(rows, key=lambda r: r["_sps"])
+    same_steps = [m for m in ("ODB samples", "ODB padding-free") if m in by]
+    lines = [
+        "## Measured: every method on the same samples, repeated (bench.measured_runs)",
+        f"Real LLaMA-Factory training on 2 CPU ranks (gloo), tiny Qwen3-VL, generated mixed text/image "
+        f"data (synthetic, length CV ≈ 1), {samples} training samples per run, one epoch, {repeats} repeats "
+        f"per method{' (quick mode)' if quick else ''}; ± is the 95% confidence interval of the mean "
+        "(Student's t); × Standard is the mean of per-repeat ratios. Standard: batch 1 × accumulation "
+        f"{ACCUMULATION}; the matched batch ({matched_batch}) is ODB groups' mean samples per micro-step; "
+        f"ODB budget {BUDGET} tokens. Compute share: time inside `training_step` (forward + backward) / "
+        "train time, the slowest rank. Every run: `bench/results/measured_runs.csv`.", "",
+        md_table(rows, [(k, k) for k in ("method", "runs", "samples/s", "tokens/s", "× Standard",
+                                          "optimizer steps", "eval loss", "compute share")]), "",
+        f"Fastest here: {fastest['method']} ({fastest['samples/s']} samples/s). "
+        + "; ".join(f"{m} keeps Standard's optimizer steps and is {_ratio_text(by[m])} Standard"
+                    for m in same_steps) + ".",
+        f"Peer package: not run — {PEER_NOT_RUN}",
+    ]
+    return "\n".join(lines)
+
+
+def _ratio_text(row: dict) -> str:
+    ratio, half = row["_ratio"], row["_ratio_ci"]
+    if half is not None and ratio - half > 1:
+        return f"{ratio:.2f}× (CI above 1: faster than)"
+    if half is not None and ratio + half < 1:
+        return f"{ratio:.2f}× (CI below 1: slower than)"
+    return f"{ratio:.2f}× (CI includes 1: not distinguishable from)"
+
+
+def main(argv=None) -> Dict[str, object]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="3 repeats of 160 samples")
+    ap.add_argument("--repeats", type=int, default=None, help="default 5 (3 with --quick)")
+    ap.add_argument("--samples", type=int, default=None,
+                    help="samples of the generated set (10%% held out): default 2,300 (160 with --quick)")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    a = ap.parse_args(argv)
+    repeats = a.repeats or (3 if a.quick else 5)
+    total = a.samples or (160 if a.quick else 2300)
+    from odb_factory.demo.synthetic_data import write_demo_dataset
+    from odb_factory.demo.tiny_model import build_tiny_qwen3vl
+    build_tiny_qwen3vl(REPO / ".cache" / "tiny_qwen3vl", seed=0)
+    write_demo_dataset(DATA, num_samples=total, seed=0)
+    RUNS.mkdir(parents=True, exist_ok=True)
+    base = base_config(total)
+
+    def out_dir(method: str, repeat: int) -> Path:
+        return RUNS / f"{method.replace(' ', '_').replace(chr(39), '')}_{repeat}"
+
+    # Calibration (not counted): ODB groups' mean group size is the matched batch; its ledger
+    # counts the epoch's samples and real tokens.
+    calibration = method_config("ODB groups", base, 1, RUNS / "calibration")
+    print("[measured_runs] calibration: ODB groups (sets the matched batch)", file=sys.stderr, flush=True)
+    run_all([calibration], RUNS / "calibration.log")
+    matched = mean_group_size(Path(calibration["odb_audit_dir"]))
+    samples, tokens = ledger_tokens(Path(calibration["odb_audit_dir"]))
+    order, plan = random.Random(0), []
+    for repeat in range(repeats):
+        methods = list(METHODS)
+        order.shuffle(methods)
+        plan += [(m, repeat) for m in methods]
+    # a short warm-up run first (not counted): the first run of a process pays lazy initialisation
+    warmup = dict(method_config(STANDARD, base, matched, RUNS / "warmup"), max_samples=32)
+    print(f"[measured_runs] {len(plan)} runs in one torchrun (matched batch {matched})", file=sys.stderr, flush=True)
+    run_all([warmup] + [method_config(m, base, matched, out_dir(m, r)) for m, r in plan], RUNS / "runs.log")
+    runs = [read_run(m, r, out_dir(m, r), samples, tokens) for m, r in plan]
+    for m, r in plan:     # every ODB run trained the same samples and tokens as the first
+        audit = Path(str(out_dir(m, r)) + "_audit")
+        if audit.exists() and ledger_tokens(audit) != (samples, tokens):
+            raise AssertionError(f"{m} repeat {r}: ledger {ledger_tokens(audit)} != {(samples, tokens)}")
+    a.out.mkdir(parents=True, exist_ok=True)
+    write_csv(a.out / "measured_runs.csv", [{k: run[k] for k in CSV_COLUMNS} for run in runs])
+    records = [rec for m, r in plan if m == "ODB groups" for rec in step_records(str(out_dir(m, r)) + "_audit")]
+    text = section(runs, samples, repeats, matched, a.quick)
+    return {"runs": runs, "records": records, "section": text, "matched_batch": matched}
+
+
+if __name__ == "__main__":
+    print(main()["section"])
