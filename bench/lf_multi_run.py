@@ -8,6 +8,10 @@ process on a 2-core machine are paid once, not per run. The process group is kep
 (LLaMA-Factory destroys it at the end of each run; a re-created default group can deadlock the
 next rendezvous), so the runs share it as they share the processes.
 
+A config value `{"mean_group_size_of": AUDIT_DIR}` is replaced, once the earlier runs are done on
+every rank, by ODB's mean samples per micro-step in that run's ledger (bench.measured_runs sizes
+its matched fixed batch from a calibration run so).
+
 Per run, each rank writes `<output_dir>/compute_rank<r>.json`: the seconds spent inside the
 trainer's `training_step` (forward + backward of every micro-batch of an optimizer step), the
 share of train time that is compute.
@@ -48,6 +52,13 @@ class ComputeTimer:
         cls.training_step = timed
 
 
+def resolve(config: dict) -> dict:
+    """`config` with every `{"mean_group_size_of": AUDIT_DIR}` value read from that ledger."""
+    from bench.measured import mean_group_size
+    return {k: mean_group_size(Path(v["mean_group_size_of"])) if isinstance(v, dict) and "mean_group_size_of" in v
+            else v for k, v in config.items()}
+
+
 def main(path: str) -> None:
     import torch.distributed as dist
     import transformers
@@ -63,8 +74,11 @@ def main(path: str) -> None:
     rank = int(os.environ.get("RANK", "0"))
     try:
         for config in json.loads(Path(path).read_text()):
+            if dist.is_initialized():    # (by the first run) every rank's earlier ledgers are complete
+                dist.barrier()
+            config = resolve(config)
             timer.seconds = 0.0
-            run_exp(dict(config))
+            run_exp(config)
             out = Path(config["output_dir"]) / f"compute_rank{rank}.json"
             out.write_text(json.dumps({"training_step_s": timer.seconds}))
             print(f"[lf_multi_run] rank {rank}: {config['output_dir']} done", file=sys.stderr, flush=True)

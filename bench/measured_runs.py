@@ -18,11 +18,12 @@ Methods, one epoch each over the same training split (10% held out for the eval 
   peer package               not run: see PEER_NOT_RUN
 
 Order: a calibration run of ODB groups first (not counted: its mean group size sets the matched
-batch), then a short warm-up run, then repeat after repeat, the methods in a seeded random
+batch, and it warms the processes), then repeat after repeat, the methods in a seeded random
 order per repeat, so drift hits all alike.
-Per run (`measured_runs.csv`): samples, train_s, samples/s, real tokens/s (the epoch's real
-tokens, counted by ODB's ledger: every method trains the same samples once), optimizer steps,
-eval loss, and the share of train time inside `training_step` (forward + backward).
+Per run (`measured_runs.csv`): samples, train_s, samples/s, real tokens/s (counted by ODB's
+ledgers: ODB groups trains each sample once; the other methods the fixed-batch sampler's epoch,
+padded to a multiple of the ranks, which ODB samples reproduces), optimizer steps, eval loss,
+and the share of train time inside `training_step` (forward + backward).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -75,7 +77,8 @@ def base_config(samples: int) -> dict:
     return recipe
 
 
-def method_config(method: str, base: dict, matched_batch: int, out: Path) -> dict:
+def method_config(method: str, base: dict, matched_batch, out: Path) -> dict:
+    """One run's config; `matched_batch`: an int, or bench/lf_multi_run.py's placeholder for it."""
     odb = {"odb_enable": True, "odb_token_budget": BUDGET, "odb_buffer_size": 64, "odb_collate_workers": 1,
            "odb_audit_dir": str(out) + "_audit"}
     config = dict(base, output_dir=str(out))
@@ -119,6 +122,10 @@ def read_run(method: str, repeat: int, out: Path, samples: int, epoch_tokens: Op
             "tokens_per_s": epoch_tokens / train_s if epoch_tokens else None,
             "optimizer_steps": state["global_step"], "eval_loss": results.get("eval_loss"),
             "compute_share": max(compute) / train_s if compute else None}
+
+
+def _epoch_of(method: str) -> str:
+    return "join" if method == "ODB groups" else "sampler"
 
 
 def ledger_tokens(audit: Path) -> tuple:
@@ -170,7 +177,7 @@ def _pm(mean: Optional[float], half: Optional[float], digits: int = 3) -> str:
     return f"{mean:,.{decimals}f} ± {half:,.{decimals}f}"
 
 
-def section(runs: Sequence[dict], samples: int, repeats: int, matched_batch: int, quick: bool) -> str:
+def section(runs: Sequence[dict], epochs: Dict[str, tuple], repeats: int, matched_batch: int, quick: bool) -> str:
     rows = summary(runs)
     by = {r["method"]: r for r in rows}
     fastest = max(rows, key=lambda r: r["_sps"])
@@ -178,8 +185,10 @@ def section(runs: Sequence[dict], samples: int, repeats: int, matched_batch: int
     lines = [
         "## Measured: every method on the same samples, repeated (bench.measured_runs)",
         f"Real LLaMA-Factory training on 2 CPU ranks (gloo), tiny Qwen3-VL, generated mixed text/image "
-        f"data (synthetic, length CV ≈ 1), {samples} training samples per run, one epoch, {repeats} repeats "
-        f"per method{' (quick mode)' if quick else ''}; ± is the 95% confidence interval of the mean "
+        f"data (synthetic, length CV ≈ 1), one epoch of {epochs['join'][0]} training samples, {repeats} "
+        f"repeats per method{' (quick mode)' if quick else ''} (ODB groups trains each sample once; "
+        f"the other methods train the fixed-batch sampler's epoch, {epochs['sampler'][0]} samples: it pads to "
+        "a multiple of the ranks); ± is the 95% confidence interval of the mean "
         "(Student's t); × Standard is the mean of per-repeat ratios. Standard: batch 1 × accumulation "
         f"{ACCUMULATION}; the matched batch ({matched_batch}) is ODB groups' mean samples per micro-step; "
         f"ODB budget {BUDGET} tokens. Compute share: time inside `training_step` (forward + backward) / "
@@ -205,49 +214,53 @@ def _ratio_text(row: dict) -> str:
 
 def main(argv=None) -> Dict[str, object]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="3 repeats of 160 samples")
+    ap.add_argument("--quick", action="store_true", help="3 repeats of 128 samples")
     ap.add_argument("--repeats", type=int, default=None, help="default 5 (3 with --quick)")
     ap.add_argument("--samples", type=int, default=None,
-                    help="samples of the generated set (10%% held out): default 2,300 (160 with --quick)")
+                    help="samples of the generated set (10%% held out): default 2,300 (128 with --quick)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     a = ap.parse_args(argv)
     repeats = a.repeats or (3 if a.quick else 5)
-    total = a.samples or (160 if a.quick else 2300)
+    total = a.samples or (128 if a.quick else 2300)
     from odb_factory.demo.synthetic_data import write_demo_dataset
     from odb_factory.demo.tiny_model import build_tiny_qwen3vl
     build_tiny_qwen3vl(REPO / ".cache" / "tiny_qwen3vl", seed=0)
     write_demo_dataset(DATA, num_samples=total, seed=0)
-    RUNS.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(RUNS, ignore_errors=True)    # ledgers append: no earlier invocation's rows
+    RUNS.mkdir(parents=True)
     base = base_config(total)
 
     def out_dir(method: str, repeat: int) -> Path:
         return RUNS / f"{method.replace(' ', '_').replace(chr(39), '')}_{repeat}"
 
-    # Calibration (not counted): ODB groups' mean group size is the matched batch; its ledger
-    # counts the epoch's samples and real tokens.
+    # Calibration, not counted: ODB groups' mean group size is the matched batch, its ledger counts
+    # the epoch's samples and real tokens, and it warms the processes (a first run pays lazy
+    # initialisation).
     calibration = method_config("ODB groups", base, 1, RUNS / "calibration")
-    print("[measured_runs] calibration: ODB groups (sets the matched batch)", file=sys.stderr, flush=True)
-    run_all([calibration], RUNS / "calibration.log")
-    matched = mean_group_size(Path(calibration["odb_audit_dir"]))
-    samples, tokens = ledger_tokens(Path(calibration["odb_audit_dir"]))
+    matched_batch = {"mean_group_size_of": calibration["odb_audit_dir"]}
     order, plan = random.Random(0), []
     for repeat in range(repeats):
         methods = list(METHODS)
         order.shuffle(methods)
         plan += [(m, repeat) for m in methods]
-    # a short warm-up run first (not counted): the first run of a process pays lazy initialisation
-    warmup = dict(method_config(STANDARD, base, matched, RUNS / "warmup"), max_samples=32)
-    print(f"[measured_runs] {len(plan)} runs in one torchrun (matched batch {matched})", file=sys.stderr, flush=True)
-    run_all([warmup] + [method_config(m, base, matched, out_dir(m, r)) for m, r in plan], RUNS / "runs.log")
-    runs = [read_run(m, r, out_dir(m, r), samples, tokens) for m, r in plan]
-    for m, r in plan:     # every ODB run trained the same samples and tokens as the first
+    print(f"[measured_runs] a calibration run, then {len(plan)} runs, in one torchrun", file=sys.stderr, flush=True)
+    run_all([calibration] + [method_config(m, base, matched_batch, out_dir(m, r)) for m, r in plan],
+            RUNS / "runs.log")
+    matched = mean_group_size(Path(calibration["odb_audit_dir"]))
+    # What each run trained: ODB groups (join) each sample once; every other method the fixed-batch
+    # sampler's epoch, which pads to a multiple of the world size (a sample or so twice) and which
+    # ODB samples reproduces step for step, so its ledger counts it.
+    epochs = {"join": ledger_tokens(Path(calibration["odb_audit_dir"])),
+              "sampler": ledger_tokens(Path(str(out_dir("ODB samples", 0)) + "_audit"))}
+    runs = [read_run(m, r, out_dir(m, r), *epochs[_epoch_of(m)]) for m, r in plan]
+    for m, r in plan:     # every ODB run's ledger agrees with its family's
         audit = Path(str(out_dir(m, r)) + "_audit")
-        if audit.exists() and ledger_tokens(audit) != (samples, tokens):
-            raise AssertionError(f"{m} repeat {r}: ledger {ledger_tokens(audit)} != {(samples, tokens)}")
+        if audit.exists() and ledger_tokens(audit) != epochs[_epoch_of(m)]:
+            raise AssertionError(f"{m} repeat {r}: ledger {ledger_tokens(audit)} != {epochs[_epoch_of(m)]}")
     a.out.mkdir(parents=True, exist_ok=True)
     write_csv(a.out / "measured_runs.csv", [{k: run[k] for k in CSV_COLUMNS} for run in runs])
     records = [rec for m, r in plan if m == "ODB groups" for rec in step_records(str(out_dir(m, r)) + "_audit")]
-    text = section(runs, samples, repeats, matched, a.quick)
+    text = section(runs, epochs, repeats, matched, a.quick)
     return {"runs": runs, "records": records, "section": text, "matched_batch": matched}
 
 

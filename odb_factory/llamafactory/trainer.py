@@ -225,7 +225,13 @@ class ODBTrainerMixin:
             from transformers.trainer_utils import get_last_checkpoint
             resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
         self._odb_callback.resume_from = resume_from_checkpoint or None
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        try:
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            # the loader's worker processes end with the training (its state and metrics stay
+            # readable), not whenever the trainer happens to be collected
+            if self._odb_train_loader is not None:
+                self._odb_train_loader.loader.close()
 
     def set_initial_training_values(self, args, dataloader, *total_train_batch_size):
         """HF's 7-tuple of epochs and steps. transformers 5.x calls it with (args, dataloader)

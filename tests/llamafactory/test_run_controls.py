@@ -1,7 +1,8 @@
 """What else a LLaMA-Factory run controls or reports, with ODB on: a stop asked for by
 another trainer callback (a user's, LLaMA-Board's abort) ends the run in groups mode, where ODB
-keeps HF's step bound ahead of its variable-batch step count; `effective_tokens_per_sec`
-counts the tokens trained without running the lazy pipeline over the dataset again."""
+keeps HF's step bound ahead of its variable-batch step count, and the loader's worker
+processes end with the training; `effective_tokens_per_sec` counts the tokens trained without
+running the lazy pipeline over the dataset again."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ pytest.importorskip("llamafactory")
 from tests.helpers.lf_runs import base_yaml, env  # noqa: E402
 
 SCRIPT = """
-import sys, yaml
+import gc, multiprocessing, sys, yaml
 from transformers import TrainerCallback
 from llamafactory.train.tuner import run_exp
+gc.disable()   # nothing is collected: only the end of training may stop ODB's workers
 
 class StopAfterTwoSteps(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
@@ -27,6 +29,7 @@ class StopAfterTwoSteps(TrainerCallback):
             control.should_training_stop = True
 
 run_exp(yaml.safe_load(open(sys.argv[1])), callbacks=[StopAfterTwoSteps()])
+print("worker processes left:", len(multiprocessing.active_children()))
 """
 
 
@@ -43,6 +46,9 @@ def test_a_stop_requested_by_another_callback_is_honoured(tmp_path, tiny_model, 
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 2, state["global_step"]
     assert state["epoch"] < 1.0   # the epoch was cut short, not completed
+    # the loader's sample and collate workers ended with the training (a notebook or sweep that
+    # trains again in the same process does not carry them, or wait on them, into the next run)
+    assert "worker processes left: 0" in proc.stdout, proc.stdout[-2000:]
 
 
 @pytest.mark.slow
