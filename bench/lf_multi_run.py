@@ -14,7 +14,9 @@ its matched fixed batch from a calibration run so).
 
 Per run, each rank writes `<output_dir>/compute_rank<r>.json`: the seconds spent inside the
 trainer's `training_step` (forward + backward of every micro-batch of an optimizer step), the
-share of train time that is compute.
+share of train time that is compute; and `steps_rank<r>.jsonl`: per `training_step` call, its
+seconds and the work of its micro-batches in the step model's terms (micro-batches, padded
+tokens, attention Σ len², images, patches, Σ patches²), for the step model's out-of-sample check.
 """
 
 from __future__ import annotations
@@ -28,27 +30,57 @@ import time
 from pathlib import Path
 
 
+def micro_batch_work(batch) -> dict:
+    """One micro-batch in the step model's terms. Padded rows: rows × width tokens and
+    rows × width² attention; a padding-free row (no attention mask): each sample's own
+    length², read from where the text position ids restart."""
+    ids = batch["input_ids"]
+    rows, width = ids.shape
+    positions = batch.get("position_ids")
+    if batch.get("attention_mask") is None and positions is not None:
+        text = positions[0] if positions.dim() == 3 else positions          # (rows, width)
+        starts = [i for i, v in enumerate(text[0].tolist()) if v == 0] + [width]
+        sum_sq = sum((b - a) ** 2 for a, b in zip(starts, starts[1:]))
+    else:
+        sum_sq = rows * width ** 2
+    grid = batch.get("image_grid_thw")
+    per_image = grid.prod(dim=1).tolist() if grid is not None else []
+    return {"micro_batches": 1, "tokens": rows * width, "sum_sq": sum_sq, "images": len(per_image),
+            "patches": sum(per_image), "patch_sq": sum(x * x for x in per_image)}
+
+
+def step_work(inputs) -> dict:
+    """A `training_step` call's work: one micro-batch, or `samples` mode's several."""
+    batches = getattr(inputs, "micro_batches", None) or [inputs]
+    works = [micro_batch_work(b) for b in batches]
+    return {k: sum(w[k] for w in works) for k in works[0]}
+
+
 class ComputeTimer:
-    """Seconds inside the outermost `training_step` call (subclasses call their parents')."""
+    """Seconds inside the outermost `training_step` call (subclasses call their parents'), and
+    each such call's work and seconds."""
 
     def __init__(self):
         self.seconds = 0.0
+        self.steps = []
         self._depth = threading.local()
 
     def wrap(self, cls) -> None:
         inner = cls.training_step
 
         @functools.wraps(inner)
-        def timed(trainer, *args, **kwargs):
+        def timed(trainer, model, inputs, *args, **kwargs):
             depth = getattr(self._depth, "n", 0)
             self._depth.n = depth + 1
             start = time.perf_counter()
             try:
-                return inner(trainer, *args, **kwargs)
+                return inner(trainer, model, inputs, *args, **kwargs)
             finally:
                 self._depth.n = depth
                 if depth == 0:
-                    self.seconds += time.perf_counter() - start
+                    seconds = time.perf_counter() - start
+                    self.seconds += seconds
+                    self.steps.append(dict(step_work(inputs), time_s=seconds))
         cls.training_step = timed
 
 
@@ -77,10 +109,11 @@ def main(path: str) -> None:
             if dist.is_initialized():    # (by the first run) every rank's earlier ledgers are complete
                 dist.barrier()
             config = resolve(config)
-            timer.seconds = 0.0
+            timer.seconds, timer.steps = 0.0, []
             run_exp(config)
-            out = Path(config["output_dir"]) / f"compute_rank{rank}.json"
-            out.write_text(json.dumps({"training_step_s": timer.seconds}))
+            out = Path(config["output_dir"])
+            (out / f"compute_rank{rank}.json").write_text(json.dumps({"training_step_s": timer.seconds}))
+            (out / f"steps_rank{rank}.jsonl").write_text("".join(json.dumps(s) + "\n" for s in timer.steps))
             print(f"[lf_multi_run] rank {rank}: {config['output_dir']} done", file=sys.stderr, flush=True)
     finally:
         dist.destroy_process_group = destroy

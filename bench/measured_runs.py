@@ -23,7 +23,9 @@ order per repeat, so drift hits all alike.
 Per run (`measured_runs.csv`): samples, train_s, samples/s, real tokens/s (counted by ODB's
 ledgers: ODB groups trains each sample once; the other methods the fixed-batch sampler's epoch,
 padded to a multiple of the ranks, which ODB samples reproduces), optimizer steps, eval loss,
-and the share of train time inside `training_step` (forward + backward).
+and the share of train time inside `training_step` (forward + backward). The step model's form
+is fitted to every method's `training_step` calls outside the last repeat and checked, per
+method, on that held-back repeat (`step_model_check.csv`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
 import yaml
 from scipy import stats
 
@@ -47,6 +50,7 @@ from odb_factory.llamafactory import launch
 from odb_factory.llamafactory.audit_ledger import read_ledger
 
 from .measured import mean_group_size, offline_env, step_records
+from .solvers import scaled_nnls
 from .tables import fmt, md_table, write_csv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -177,7 +181,40 @@ def _pm(mean: Optional[float], half: Optional[float], digits: int = 3) -> str:
     return f"{mean:,.{decimals}f} ± {half:,.{decimals}f}"
 
 
-def section(runs: Sequence[dict], epochs: Dict[str, tuple], repeats: int, matched_batch: int, quick: bool) -> str:
+WORK = ("micro_batches", "tokens", "sum_sq", "images", "patches", "patch_sq")
+
+
+def step_rows(out: Path) -> List[dict]:
+    """A run's `training_step` calls (bench/lf_multi_run.py): per call, each work term's maximum
+    over the ranks and the slowest rank's seconds (the ranks meet in every backward)."""
+    ranks = [[json.loads(line) for line in f.read_text().splitlines()] for f in sorted(out.glob("steps_rank*.jsonl"))]
+    if not ranks or len({len(r) for r in ranks}) != 1:
+        raise ValueError(f"{out}: ranks recorded different step counts {[len(r) for r in ranks]}")
+    return [{k: max(s[k] for s in calls) for k in WORK + ("time_s",)} for calls in zip(*ranks)]
+
+
+def step_model_check(steps: Dict[tuple, List[dict]], held_back: int) -> List[dict]:
+    """The step model's form (c0 per micro-batch + a·tokens + b·Σlen² + vision terms, all ≥ 0)
+    fitted by NNLS on every method's steps of the other repeats, checked per method on repeat
+    `held_back`: median |error| per step and the error of the predicted train time."""
+    fit = [row for (m, r), rows in steps.items() if r != held_back for row in rows]
+    x = np.array([[row[k] for k in WORK] for row in fit], dtype=float)
+    coef = scaled_nnls(x, np.array([row["time_s"] for row in fit]))
+    out = []
+    for method in METHODS:
+        rows = steps.get((method, held_back), [])
+        if not rows:
+            continue
+        pred = np.array([[row[k] for k in WORK] for row in rows], dtype=float) @ coef
+        meas = np.array([row["time_s"] for row in rows])
+        out.append({"method": method, "steps checked": len(rows),
+                    "median abs. error per step": float(np.median(np.abs(pred - meas) / meas)),
+                    "step time error (Σ)": float(pred.sum() / meas.sum() - 1)})
+    return out
+
+
+def section(runs: Sequence[dict], epochs: Dict[str, tuple], repeats: int, matched_batch: int, quick: bool,
+            check: Optional[List[dict]] = None, fitted_steps: int = 0) -> str:
     rows = summary(runs)
     by = {r["method"]: r for r in rows}
     fastest = max(rows, key=lambda r: r["_sps"])
@@ -200,6 +237,14 @@ def section(runs: Sequence[dict], epochs: Dict[str, tuple], repeats: int, matche
                     for m in same_steps) + ".",
         f"Peer package: not run — {PEER_NOT_RUN}",
     ]
+    if check:
+        worst = max(check, key=lambda r: abs(r["step time error (Σ)"]))
+        lines += ["", f"Step model out of sample: the form fitted (NNLS) on {fitted_steps} `training_step` calls of "
+                  f"every method in repeats 0–{repeats - 2}, checked on repeat {repeats - 1}; per method, the "
+                  "median error of a step's predicted time and the error of the summed step time "
+                  f"(`step_model_check.csv`). Largest summed error: {worst['method']}, "
+                  f"{worst['step time error (Σ)']:+.1%}.", "",
+                  md_table(check, [(k, k) for k in check[0]])]
     return "\n".join(lines)
 
 
@@ -260,7 +305,12 @@ def main(argv=None) -> Dict[str, object]:
     a.out.mkdir(parents=True, exist_ok=True)
     write_csv(a.out / "measured_runs.csv", [{k: run[k] for k in CSV_COLUMNS} for run in runs])
     records = [rec for m, r in plan if m == "ODB groups" for rec in step_records(str(out_dir(m, r)) + "_audit")]
-    text = section(runs, epochs, repeats, matched, a.quick)
+    steps = {(m, r): step_rows(out_dir(m, r)) for m, r in plan}
+    check = step_model_check(steps, held_back=repeats - 1) if repeats > 1 else None
+    if check:
+        write_csv(a.out / "step_model_check.csv", check)
+    fitted = sum(len(rows) for (m, r), rows in steps.items() if r != repeats - 1)
+    text = section(runs, epochs, repeats, matched, a.quick, check, fitted)
     return {"runs": runs, "records": records, "section": text, "matched_batch": matched}
 
 

@@ -180,7 +180,7 @@ def section(records: Sequence[Mapping], out: Path, paper_rows_only: bool = False
     figs = [r for r in records if r["paper"]]
     fig_rows = [{"workload": r["workload"] + (" (synthetic)" if r["synthetic"] else ""), "model": r["model"],
                  "setting": setting_label[r["setting"]], "ODB ×": r["nominal"], "band": _band(r),
-                 "paper ×": r["paper"], "|ours − paper|": abs(r["nominal"] - r["paper"]) if r["nominal"] else None,
+                 "paper ×": r["paper"], "gap to paper": abs(r["nominal"] - r["paper"]) if r["nominal"] else None,
                  "band width / paper": (r["high"] - r["low"]) / r["paper"], "moved most by": _widest_input(r),
                  "verdict": r["verdict"]} for r in figs]
     counted = [r for r in figs if not r["synthetic"]]

@@ -55,3 +55,39 @@ def test_method_configs_differ_only_where_the_method_does(tmp_path):
     assert Path(configs["ODB groups"]["odb_audit_dir"]).name == "ODB groups_audit"
     with pytest.raises(ValueError, match="unknown method"):
         R.method_config("Sorted", base, 6, tmp_path / "x")
+
+
+def test_step_model_check_recovers_a_known_form_and_scores_each_method():
+    # time = 0.1 per micro-batch + 1e-3 per token, exactly: the held-back repeat is predicted exactly
+    def row(micro, tokens):
+        return {"micro_batches": micro, "tokens": tokens, "sum_sq": 0, "images": 0, "patches": 0, "patch_sq": 0,
+                "time_s": 0.1 * micro + 1e-3 * tokens}
+    steps = {(m, r): [row(1 + i % 3, 100 * (i + r + 1)) for i in range(6)]
+             for m in ("Standard", "ODB samples") for r in range(3)}
+    check = {c["method"]: c for c in R.step_model_check(steps, held_back=2)}
+    assert set(check) == {"Standard", "ODB samples"}
+    assert all(c["steps checked"] == 6 for c in check.values())
+    assert all(abs(c["median abs. error per step"]) < 1e-6 and abs(c["step time error (Σ)"]) < 1e-6
+               for c in check.values())
+    # a method whose held-back steps run 20% slower than the form says is reported so
+    steps[("ODB samples", 2)] = [dict(r, time_s=1.2 * r["time_s"]) for r in steps[("ODB samples", 2)]]
+    check = {c["method"]: c for c in R.step_model_check(steps, held_back=2)}
+    assert check["ODB samples"]["step time error (Σ)"] == pytest.approx(1 / 1.2 - 1, rel=1e-6)
+    assert abs(check["Standard"]["step time error (Σ)"]) < 1e-6
+
+
+def test_packed_rows_count_each_sample_attention_alone():
+    import torch
+
+    from bench.lf_multi_run import micro_batch_work, step_work
+    padded = {"input_ids": torch.zeros(3, 10, dtype=torch.long), "attention_mask": torch.ones(3, 10)}
+    assert micro_batch_work(padded)["sum_sq"] == 300 and micro_batch_work(padded)["tokens"] == 30
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 4]]).expand(4, 1, 10)   # samples of 3, 2, 5
+    packed = {"input_ids": torch.zeros(1, 10, dtype=torch.long), "position_ids": positions,
+              "image_grid_thw": torch.tensor([[1, 2, 4], [1, 4, 4]])}
+    work = micro_batch_work(packed)
+    assert (work["sum_sq"], work["images"], work["patches"], work["patch_sq"]) == (9 + 4 + 25, 2, 24, 64 + 256)
+
+    class Step:
+        micro_batches = [padded, packed]
+    assert step_work(Step())["micro_batches"] == 2 and step_work(Step())["tokens"] == 40
