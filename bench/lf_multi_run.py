@@ -12,6 +12,12 @@ A config value `{"mean_group_size_of": AUDIT_DIR}` is replaced, once the earlier
 every rank, by ODB's mean samples per micro-step in that run's ledger (bench.measured_runs sizes
 its matched fixed batch from a calibration run so).
 
+A config with `"peer_integration": true` is the peer package's attempt: online-dynamic-batching
+0.1.2's own LLaMA-Factory adapter (`odb.integrations.llamafactory.enable_odb`) is called on
+LLaMA-Factory's trainer as it is built, with the trainer's own train DataLoader; an exception
+(raised on every rank before any collective) is written to `<output_dir>/error.txt` and the
+next run goes on.
+
 Per run, each rank writes `<output_dir>/compute_rank<r>.json`: the seconds spent inside the
 trainer's `training_step` (forward + backward of every micro-batch of an optimizer step), the
 share of train time that is compute; and `steps_rank<r>.jsonl`: per `training_step` call, its
@@ -91,6 +97,22 @@ def resolve(config: dict) -> dict:
             else v for k, v in config.items()}
 
 
+def peer_trainer_patch(budget: int):
+    """Builds LLaMA-Factory's trainer, then hands it to the peer package's adapter; returns the
+    undo function."""
+    import llamafactory.train.sft.trainer as sft
+    from odb.integrations.llamafactory import enable_odb
+
+    init = sft.CustomSeq2SeqTrainer.__init__
+
+    def with_peer(trainer, *args, **kwargs):
+        init(trainer, *args, **kwargs)
+        enable_odb(trainer, train_dataloader=trainer.get_train_dataloader(), token_budget=budget,
+                   join=True, loss_scaling="exact")
+    sft.CustomSeq2SeqTrainer.__init__ = with_peer
+    return lambda: setattr(sft.CustomSeq2SeqTrainer, "__init__", init)
+
+
 def main(path: str) -> None:
     import torch.distributed as dist
     import transformers
@@ -110,8 +132,20 @@ def main(path: str) -> None:
                 dist.barrier()
             config = resolve(config)
             timer.seconds, timer.steps = 0.0, []
-            run_exp(config)
             out = Path(config["output_dir"])
+            if config.pop("peer_integration", False):
+                undo = peer_trainer_patch(int(config.pop("peer_token_budget")))
+                try:
+                    run_exp(config)
+                except Exception as exc:   # the peer's own failure is the finding
+                    out.mkdir(parents=True, exist_ok=True)
+                    (out / "error.txt").write_text(f"{type(exc).__name__}: {exc}")
+                    print(f"[lf_multi_run] rank {rank}: peer integration failed: {exc}", file=sys.stderr, flush=True)
+                    continue
+                finally:
+                    undo()
+            else:
+                run_exp(config)
             (out / f"compute_rank{rank}.json").write_text(json.dumps({"training_step_s": timer.seconds}))
             (out / f"steps_rank{rank}.jsonl").write_text("".join(json.dumps(s) + "\n" for s in timer.steps))
             print(f"[lf_multi_run] rank {rank}: {config['output_dir']} done", file=sys.stderr, flush=True)

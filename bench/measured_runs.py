@@ -15,7 +15,9 @@ Methods, one epoch each over the same training split (10% held out for the eval 
   ODB groups                 budget-filled groups, one per optimizer step (the paper's)
   ODB samples                Standard's optimizer steps and samples, packed under the budget
   ODB padding-free           ODB samples with each group one flattened row
-  peer package               not run: see PEER_NOT_RUN
+  peer package               online-dynamic-batching 0.1.2 through its own LLaMA-Factory adapter
+                             (`odb.integrations.llamafactory.enable_odb`), tried once at the end:
+                             its figures, or the error it stops with
 
 Order: a calibration run of ODB groups first (not counted: its mean group size sets the matched
 batch, and it warms the processes), then repeat after repeat, the methods in a seeded random
@@ -60,13 +62,6 @@ ACCUMULATION = 4
 BUDGET = 1024
 STANDARD = "Standard"
 METHODS = (STANDARD, "Standard at ODB's batch", "group_by_length", "ODB groups", "ODB samples", "ODB padding-free")
-PEER_NOT_RUN = (
-    "online-dynamic-batching 0.1.2's LLaMA-Factory adapter (`odb.integrations.llamafactory`) is a "
-    "library call into a Trainer the user builds, not a LLaMA-Factory option: running it means "
-    "writing our own trainer around it. Its HF adapter, measured earlier on this machine, exhausts "
-    "the learning-rate schedule in a few steps, breaks on eval and does not resume (DESIGN.md §2), "
-    "and its cross-rank sync is off unless workers fork; it is priced in the simulation instead "
-    "(`peer odb 0.1.2`).")
 CSV_COLUMNS = ("method", "repeat", "samples", "train_s", "samples_per_s", "tokens_per_s", "optimizer_steps",
                "eval_loss", "compute_share")
 
@@ -214,7 +209,7 @@ def step_model_check(steps: Dict[tuple, List[dict]], held_back: int) -> List[dic
 
 
 def section(runs: Sequence[dict], epochs: Dict[str, tuple], repeats: int, matched_batch: int, quick: bool,
-            check: Optional[List[dict]] = None, fitted_steps: int = 0) -> str:
+            check: Optional[List[dict]] = None, fitted_steps: int = 0, peer: str = "not tried") -> str:
     rows = summary(runs)
     by = {r["method"]: r for r in rows}
     fastest = max(rows, key=lambda r: r["_sps"])
@@ -235,7 +230,7 @@ def section(runs: Sequence[dict], epochs: Dict[str, tuple], repeats: int, matche
         f"Fastest here: {fastest['method']} ({fastest['samples/s']} samples/s). "
         + "; ".join(f"{m} keeps Standard's optimizer steps and is {_ratio_text(by[m])} Standard"
                     for m in same_steps) + ".",
-        f"Peer package: not run — {PEER_NOT_RUN}",
+        f"Peer package (online-dynamic-batching 0.1.2): {peer}.",
     ]
     if check:
         worst = max(check, key=lambda r: abs(r["step time error (Σ)"]))
@@ -288,8 +283,11 @@ def main(argv=None) -> Dict[str, object]:
         methods = list(METHODS)
         order.shuffle(methods)
         plan += [(m, repeat) for m in methods]
-    print(f"[measured_runs] a calibration run, then {len(plan)} runs, in one torchrun", file=sys.stderr, flush=True)
-    run_all([calibration] + [method_config(m, base, matched_batch, out_dir(m, r)) for m, r in plan],
+    peer = dict(method_config(STANDARD, base, matched_batch, RUNS / "peer"), gradient_accumulation_steps=1,
+                peer_integration=True, peer_token_budget=BUDGET)
+    print(f"[measured_runs] a calibration run, {len(plan)} runs and the peer package's attempt, in one torchrun",
+          file=sys.stderr, flush=True)
+    run_all([calibration] + [method_config(m, base, matched_batch, out_dir(m, r)) for m, r in plan] + [peer],
             RUNS / "runs.log")
     matched = mean_group_size(Path(calibration["odb_audit_dir"]))
     # What each run trained: ODB groups (join) each sample once; every other method the fixed-batch
@@ -310,7 +308,14 @@ def main(argv=None) -> Dict[str, object]:
     if check:
         write_csv(a.out / "step_model_check.csv", check)
     fitted = sum(len(rows) for (m, r), rows in steps.items() if r != repeats - 1)
-    text = section(runs, epochs, repeats, matched, a.quick, check, fitted)
+    error = RUNS / "peer" / "error.txt"
+    peer_text = (f"tried through its own LLaMA-Factory adapter (`odb.integrations.llamafactory.enable_odb` on "
+                 f"LLaMA-Factory's trainer and its train DataLoader, batch 1, budget {BUDGET}); it stops with "
+                 f"`{error.read_text().strip()}`" if error.exists() else
+                 "one run through its own LLaMA-Factory adapter: " + ", ".join(
+                     f"{k} {fmt(v)}" for k, v in read_run("peer", 0, RUNS / "peer", *epochs["join"]).items()
+                     if k in ("samples_per_s", "optimizer_steps", "eval_loss")))
+    text = section(runs, epochs, repeats, matched, a.quick, check, fitted, peer_text)
     return {"runs": runs, "records": records, "section": text, "matched_batch": matched}
 
 
