@@ -181,16 +181,14 @@ class PackedRopeCollate:
     def __init__(self, model, shapes: Shapes):
         self.rope_index = model.model.get_rope_index
         self.wants_types = "mm_token_type_ids" in inspect.signature(self.rope_index).parameters
-        if self.wants_types != _model_wants_token_types():
-            raise RuntimeError("bench.gpu: get_rope_index and the model's forward disagree on mm_token_type_ids")
         self.image_token = shapes.image_token
 
     def __call__(self, samples: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
         batch = pad_collate(samples, self.image_token)
         kwargs = {"input_ids": batch["input_ids"], "image_grid_thw": batch.get("image_grid_thw"),
                   "attention_mask": batch["attention_mask"]}
-        if self.wants_types:
-            kwargs["mm_token_type_ids"] = batch["mm_token_type_ids"]
+        if self.wants_types:   # transformers 5.x marks image tokens by type
+            kwargs["mm_token_type_ids"] = (batch["input_ids"] == self.image_token).int()
         with torch.no_grad():
             batch["position_ids"], _ = self.rope_index(**kwargs)
         packed = pack_group(batch, [len(x["input_ids"]) for x in samples])
