@@ -257,12 +257,12 @@ def main(argv=None) -> Dict[str, object]:
     ap.add_argument("--quick", action="store_true", help="3 repeats of 128 samples")
     ap.add_argument("--repeats", type=int, default=None, help="default 5 (3 with --quick)")
     ap.add_argument("--samples", type=int, default=None,
-                    help="samples of the generated set (10%% held out): default 8,000, so that the fastest "
+                    help="samples of the generated set (10%% held out): default 10,000, so that the fastest "
                          "method trains for at least a minute on this machine (128 with --quick)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     a = ap.parse_args(argv)
     repeats = a.repeats or (3 if a.quick else 5)
-    total = a.samples or (128 if a.quick else 8000)
+    total = a.samples or (128 if a.quick else 10000)
     from odb_factory.demo.synthetic_data import write_demo_dataset
     from odb_factory.demo.tiny_model import build_tiny_qwen3vl
     build_tiny_qwen3vl(REPO / ".cache" / "tiny_qwen3vl", seed=0)

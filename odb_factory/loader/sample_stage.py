@@ -41,7 +41,8 @@ class CostedDataset(Dataset):
             cost = self.cost_fn(sample)
         except MissingCostKeyError as exc:
             raise MissingCostKeyError(f"dataset sample {index}: {exc.args[0]}") from None
-        return index, sample, SampleCost(*cost)
+        # a user cost function may return a plain tuple
+        return index, sample, cost if type(cost) is SampleCost else SampleCost(*cost)
 
 
 class PackedChunks(Dataset):

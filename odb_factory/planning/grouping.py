@@ -60,6 +60,11 @@ class Budget:
             return sum(s.cost.input_tokens for s in samples)
         return len(samples) * self.padded_length(max(s.cost.input_tokens for s in samples))
 
+    def fits_alone(self, cost: SampleCost) -> bool:
+        """fits([sample]) for a sample of `cost`, without building the group (once a sample)."""
+        tokens = cost.input_tokens if self.cost_mode == "packed" else self.padded_length(cost.input_tokens)
+        return tokens <= self.token_budget and self.encoder_caps_hold(cost.vision_patches, cost.audio_frames)
+
     def fits(self, samples: Sequence[PlannedSample]) -> bool:
         if self.group_cost(samples) > self.token_budget:
             return False
@@ -96,8 +101,9 @@ def form_groups(samples: Sequence[PlannedSample], budget: Budget,
     current: List[PlannedSample] = []  # pragma: no mutate
     head_len = packed = patches = frames = 0  # pragma: no mutate, running cost of `current` (head: longest)
     for sample in ordered:
-        tokens, vision, audio = sample.cost.input_tokens, sample.cost.vision_patches, sample.cost.audio_frames
-        if not budget.fits([sample]):
+        cost = sample.cost
+        tokens, vision, audio = cost.input_tokens, cost.vision_patches, cost.audio_frames
+        if not budget.fits_alone(cost):
             if over_budget == "error":
                 raise OverBudgetError(
                     f"sample {sample.index} costs {budget.group_cost([sample])} tokens"

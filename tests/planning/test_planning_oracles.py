@@ -71,6 +71,28 @@ def test_fits_boundaries():
     assert not Budget(12, "packed").fits(group)
 
 
+def test_fits_alone_hand_values():
+    # padded: 9 tokens round up to 16 under a multiple of 8; packed: 9 is 9
+    assert Budget(16, pad_to_multiple_of=8).fits_alone(SampleCost(9, 9))
+    assert not Budget(15, pad_to_multiple_of=8).fits_alone(SampleCost(9, 9))
+    assert Budget(9, "packed", pad_to_multiple_of=8).fits_alone(SampleCost(9, 9))
+    assert not Budget(8, "packed").fits_alone(SampleCost(9, 9))
+    assert not Budget(100, max_vision_patches=29).fits_alone(SampleCost(9, 9, 30))
+    assert not Budget(100, max_audio_frames=99).fits_alone(SampleCost(9, 9, 0, 100))
+    assert Budget(100, max_vision_patches=30, max_audio_frames=100).fits_alone(SampleCost(9, 9, 30, 100))
+
+
+@settings(max_examples=300)
+@given(st.integers(0, 300), st.integers(0, 50), st.integers(0, 50), st.integers(1, 300),
+       st.sampled_from(["padded", "packed"]), st.integers(1, 16),
+       st.one_of(st.none(), st.integers(0, 50)), st.one_of(st.none(), st.integers(0, 50)))
+def test_fits_alone_is_fits_of_a_one_sample_group(tokens, patches, frames, budget, mode, multiple,
+                                                  vision_cap, audio_cap):
+    b = Budget(budget, mode, multiple, vision_cap, audio_cap)
+    cost = SampleCost(tokens, tokens, patches, frames)
+    assert b.fits_alone(cost) == b.fits([PlannedSample(0, 0, cost)])
+
+
 def test_budget_from_config():
     cfg = ODBConfig(token_budget=77, cost_mode="packed", pad_to_multiple_of=4, max_vision_patches=9)
     assert Budget.from_config(cfg) == Budget(77, "packed", 4, 9)
