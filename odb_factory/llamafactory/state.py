@@ -20,6 +20,11 @@ class SampleProgress:
     total: int = 0
     input_tokens: int = 0   # LLM input tokens this rank trained in this process (not IDLE fillers)
 
+    def start(self, total: int) -> None:
+        """A new run in this process (a sweep, a notebook, several runs in one torchrun):
+        nothing of an earlier run's progress may carry into its schedule or its counts."""
+        self.consumed, self.total, self.input_tokens = 0, total, 0
+
     @property
     def fraction(self) -> float:
         return min(1.0, self.consumed / self.total) if self.total else 0.0

@@ -198,7 +198,7 @@ class ODBTrainerMixin:
         else:
             epoch_samples = cfg.quota if (not cfg.join and cfg.quota) else len(self.train_dataset)
         epochs = args.num_train_epochs if args.max_steps <= 0 else 1
-        state.progress.total = int(math.ceil(epoch_samples * epochs))
+        state.progress.start(int(math.ceil(epoch_samples * epochs)))  # a resume restores it later
         return TrainLoader(loader, lambda: getattr(self, "control", None), epoch_samples, steps_per_epoch)
 
     def _odb_standard_steps(self, epoch: int) -> List[StandardStep]:

@@ -82,3 +82,37 @@ def test_tokens_seen_counts_every_micro_batch_of_a_samples_mode_step(tmp_path, t
     assert rows and all(r["idle_micro_steps"] == 0 for r in rows)
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["num_input_tokens_seen"] == sum(r["input_tokens"] for r in rows) > 0
+
+
+TWICE = """
+import sys, yaml
+from llamafactory.train.tuner import run_exp
+config = yaml.safe_load(open(sys.argv[1]))
+for name in ("first", "second"):   # a sweep or a notebook: two trainings in one process
+    run_exp(dict(config, output_dir=f"{sys.argv[2]}/{name}", odb_audit_dir=f"{sys.argv[2]}/{name}_audit"))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_training_in_the_same_process_starts_its_own_schedule(tmp_path, tiny_model, demo_data):
+    """The sample-driven LR schedule and the token count start afresh with every run: the
+    second of two identical runs in one process logs the first's learning rates and counts
+    only its own tokens (it used to start at the first run's end: LR 0 from its second step)."""
+    from tests.helpers.lf_runs import ledger
+    config = base_yaml(tiny_model, demo_data, tmp_path / "unused", odb_enable=True, odb_step="groups",
+                       odb_token_budget=1024, max_samples=32, dataloader_num_workers=0,
+                       include_effective_tokens_per_second=True)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.run([sys.executable, "-c", TWICE, str(path), str(tmp_path)], env=env(), cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rates = {}
+    for name in ("first", "second"):
+        history = json.loads((tmp_path / name / "trainer_state.json").read_text())["log_history"]
+        rates[name] = [h["learning_rate"] for h in history if "loss" in h]
+        metrics = json.loads((tmp_path / name / "train_results.json").read_text())
+        tokens = sum(row["input_tokens"] for row in ledger(tmp_path / f"{name}_audit"))
+        assert metrics["effective_tokens_per_sec"] * metrics["train_runtime"] == pytest.approx(tokens, rel=1e-3)
+    assert len(rates["first"]) > 2 and rates["first"][1] > 0
+    assert rates["second"] == pytest.approx(rates["first"], rel=1e-9)
