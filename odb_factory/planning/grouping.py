@@ -61,7 +61,8 @@ class Budget:
         return len(samples) * self.padded_length(max(s.cost.input_tokens for s in samples))
 
     def fits_alone(self, cost: SampleCost) -> bool:
-        """fits([sample]) for a sample of `cost`, without building the group (once a sample)."""
+        """fits([sample]) for a sample of `cost`, without building a group (form_groups asks it of
+        every sample it plans)."""
         tokens = cost.input_tokens if self.cost_mode == "packed" else self.padded_length(cost.input_tokens)
         return tokens <= self.token_budget and self.encoder_caps_hold(cost.vision_patches, cost.audio_frames)
 

@@ -99,7 +99,7 @@ def test_a_second_training_in_the_same_process_starts_its_own_schedule(tmp_path,
     second of two identical runs in one process logs the first's learning rates and counts
     only its own tokens (it used to start at the first run's end: LR 0 from its second step)."""
     from tests.helpers.lf_runs import ledger
-    config = base_yaml(tiny_model, demo_data, tmp_path / "unused", odb_enable=True, odb_step="groups",
+    config = base_yaml(tiny_model, demo_data, tmp_path / "first", odb_enable=True, odb_step="groups",
                        odb_token_budget=1024, max_samples=32, dataloader_num_workers=0,
                        include_effective_tokens_per_second=True)
     path = tmp_path / "run.yaml"
