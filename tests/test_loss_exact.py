@@ -65,6 +65,7 @@ def _rank(rank, world, accumulation):
     return worst, windows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world,accumulation", [(1, 1), (2, 1), (3, 1), (2, 3)])
 def test_scaled_gradients_equal_global_token_mean(world, accumulation):
     results = run_world(_rank, world, accumulation)

@@ -200,6 +200,7 @@ def _tower_rank(rank, world, case):
                 lb_before=stats.plan.max_over_lb_before, lb_after=stats.plan.max_over_lb_after)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_audio_tower_embeddings_and_gradients_equal_local_encoding(case):
     res = run_world(_tower_rank, len(CASES[case]), case)
@@ -264,6 +265,7 @@ def _thinker_rank(rank, world, case, stages):
                 moved={s: len(b.last_stats.plan.moved_items) for s, b in balancers.items()})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stages", [("audio",), ("audio", "vision")])
 def test_thinker_loss_and_gradients_with_encoder_balancing_equal_upstream(stages):
     res = run_world(_thinker_rank, 3, "uneven3", stages)

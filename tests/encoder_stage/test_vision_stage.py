@@ -165,6 +165,7 @@ def _exchange_rank(rank, world, seed):
     return int(x.shape[0]), int(out.shape[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_exchange_forward_backward(world):
     res = run_world(_exchange_rank, world, 7)
@@ -189,6 +190,7 @@ def _exchange_missing_peer(rank, world):
     return "no error"
 
 
+@pytest.mark.slow
 def test_exchange_names_rank_and_step_on_timeout():
     msg = run_world(_exchange_missing_peer, 2)[0]
     assert "ODB exchange 'probe' failed on rank 0/2 (step 5)" in msg, msg
@@ -274,6 +276,7 @@ def _tower_rank(rank, world, model_dir, case):
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(TOWER_CASES))
 def test_vision_tower_gradients_equal_local_encoding(case, tiny_model):
     import transformers.models.qwen3_vl.modeling_qwen3_vl  # noqa: F401  (import once, fork)
@@ -385,6 +388,7 @@ def _model_rank(rank, world, model_dir):
         summary=bal.last_stats.summary())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_qwen3vl_forward_gradients_balanced_equal_upstream(world, tiny_model):
     import odb_factory_patches.transformers_qwen3_vl  # noqa: F401
