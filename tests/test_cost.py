@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from odb_factory import ODBConfig, SampleCost
-from odb_factory.cost import DefaultCost, MissingCostKeyError
+from odb_factory.cost import FRAMES_PER_AUDIO_TOKEN, DefaultCost, MissingCostKeyError
 
 IMAGE_PAD, VIDEO_PAD = 151655, 151656
 
@@ -135,10 +135,11 @@ def test_without_a_grid_patches_are_vision_pads_times_merge_squared(merge):
 def test_from_config_takes_every_cost_option():
     cfg = ODBConfig(length_key="tokens", label_key="targets", ignore_index=-1,
                     image_grid_key="grid", vision_token_ids=(9,), spatial_merge_size=3,
-                    label_shift=False)
+                    label_shift=False, audio_token_ids=(5,))
     cost = DefaultCost.from_config(cfg)
     sample = {"tokens": [9, 9, 4, 5], "targets": [3, 4, -100, -1]}
-    assert cost(sample) == SampleCost(4, 3, 2 * 9)                   # unshifted (3 counts), ignore -1
+    # unshifted (3 counts), ignore -1; one audio token of 4 frames
+    assert cost(sample) == SampleCost(4, 3, 2 * 9, FRAMES_PER_AUDIO_TOKEN)
     assert cost({"tokens": [9], "grid": [[1, 1, 7]]}).vision_patches == 7
 
 

@@ -204,6 +204,9 @@ def test_weighted_token_sum_per_token_weights_weigh_each_tokens_loss(shift):
     assert (got == pytest.approx(expected, rel=1e-12)) == shift
     per_token[0, -1] = 100.0  # the last label (supervised): weighted by its own position's weight
     assert float(weighted_token_sum(logits, labels, per_token, shift=shift)) > got + 1.0
+    # fp64 weights never lift a float32 model's loss (and its backward) to fp64
+    for weights in (row_weights, per_token):
+        assert weighted_token_sum(logits.float(), labels, weights, shift=shift).dtype == torch.float32
 
 
 def test_weighted_loss_uses_the_step_weights_and_keeps_idle_steps_in_the_graph():

@@ -92,8 +92,8 @@ def _normalise(frames_per_rank: Sequence[Sequence[object]]) -> tuple[tuple[int, 
 
 def clip_costs(cost_model, frames: Sequence[int]) -> np.ndarray:
     if not len(frames):
-        return np.zeros(0, dtype=np.float64)
-    out = np.asarray(cost_model(np.asarray(frames, dtype=np.float64)), dtype=np.float64).reshape(-1)
+        return np.zeros(0)
+    out = np.asarray(cost_model(np.asarray(frames, dtype=np.float64)), dtype=np.float64).ravel()
     if out.shape != (len(frames),) or not np.all(np.isfinite(out) & (out >= 0)):
         raise ValueError("cost_model must map frame counts to finite non-negative costs")
     return out

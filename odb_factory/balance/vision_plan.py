@@ -115,10 +115,11 @@ def item_cost(cost_model, grid: Grid) -> float:
 
 def item_costs(cost_model, grids: Sequence[Grid]) -> np.ndarray:
     if not len(grids):
-        return np.zeros(0, dtype=np.float64)
-    t = np.asarray([g[0] for g in grids], dtype=np.float64)
+        return np.zeros(0)
+    t = np.asarray([g[0] for g in grids], dtype=np.float64)  # pragma: no mutate, frame is float64: t's dtype cannot change the product
+    # float64 counts: a cost model's powers of h*w cannot overflow an integer type
     hw = np.asarray([g[1] * g[2] for g in grids], dtype=np.float64)
-    frame = np.asarray(cost_model(hw), dtype=np.float64).reshape(-1)
+    frame = np.asarray(cost_model(hw), dtype=np.float64).ravel()
     if frame.shape != hw.shape or not np.all(np.isfinite(frame) & (frame >= 0)):
         raise ValueError("cost_model must map patch counts to finite non-negative costs")
     c0 = float(getattr(cost_model, "c0", 0.0))

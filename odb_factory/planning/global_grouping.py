@@ -148,8 +148,8 @@ def apply_layout(layout: Layout, slots_per_rank: Sequence[Sequence[Sequence]]) -
     return [[[slots_per_rank[r][p][i] for r, p, i in slot] for slot in rank] for rank in layout]
 
 
-def regroup_slots(slots: Sequence[Sequence[Slot]], budget: Budget, ranks_per_node: int = 1,
-                  seed: Optional[str] = None) -> List[List[Slot]]:
+def regroup_slots(slots: Sequence[Sequence[Slot]], budget: Budget, ranks_per_node: int,
+                  seed: Optional[str]) -> List[List[Slot]]:
     """One aligned round of a whole world (slots[rank][slot]) re-laid out in one process, as
     every rank's loader does with its exchange: the simulation's and the tests' path."""
     costs = [[[s.cost for s in slot.samples] for slot in rank] for rank in slots]

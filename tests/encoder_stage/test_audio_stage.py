@@ -99,6 +99,87 @@ def test_output_tokens_and_plan_by_hand():
     assert local.cost_after == local.cost_before and not local.moved_items
 
 
+def test_summary_by_hand():
+    # the plan of test_output_tokens_and_plan_by_hand, with bytes per row: the 2000-frame clip
+    # goes to rank 2, the 200-frame clip to rank 1
+    plan = plan_audio([[2400, 2000], [300], [200]], frame_bytes=3, embed_row_bytes=5)
+    assert plan.summary() == {
+        "items": 4, "moved_items": 2,
+        "cost_before": [4400.0, 300.0, 200.0], "cost_after": [2400.0, 500.0, 2000.0],
+        "lower_bound": 2400.0,
+        "max_over_mean_before": pytest.approx(4400 / (4900 / 3)),
+        "max_over_mean_after": pytest.approx(2400 / (4900 / 3)),
+        "max_over_lb_before": pytest.approx(4400 / 2400), "max_over_lb_after": 1.0,
+        "frames": 4900, "frame_bytes_moved": (2000 + 200) * 3, "embed_bytes_moved": (500 + 50) * 5}
+    assert [plan.is_local(r) for r in range(3)] == [False, False, False]
+    # every ratio is scale-free: the same plan in cost units far below 1
+    tiny = plan_audio([[2400, 2000], [300], [200]], cost_model=StageCostModel(0.0, 1e-4, 0.0))
+    for key in ("max_over_mean_before", "max_over_mean_after", "max_over_lb_before"):
+        assert tiny.summary()[key] == pytest.approx(plan.summary()[key])
+    # no clip anywhere: nothing to balance, every ratio 1
+    empty = plan_audio([[], []]).summary()
+    assert empty["items"] == 0 and empty["lower_bound"] == 0.0
+    assert [empty[k] for k in ("max_over_mean_before", "max_over_mean_after",
+                               "max_over_lb_before", "max_over_lb_after")] == [1.0] * 4
+
+
+@pytest.mark.parametrize("frames, message", [
+    ("abc", "frames_per_rank must be a list with one list of frame counts per rank"),
+    ({0: [5]}, "frames_per_rank must be a list with one list of frame counts per rank"),
+    ([], "frames_per_rank must list at least one rank"),
+    ([[5], [True]], "frames_per_rank[1][0] must be an integer >= 1 (valid mel frames of one clip), got True"),
+    ([[5.0]], "frames_per_rank[0][0] must be an integer >= 1 (valid mel frames of one clip), got 5.0"),
+])
+def test_plan_names_the_bad_frames(frames, message):
+    with pytest.raises(ValueError) as raised:
+        plan_audio(frames)
+    assert str(raised.value) == message
+
+
+@settings(max_examples=120, deadline=None)
+@given(frames=st.integers(2, 12).flatmap(
+           lambda w: st.lists(st.lists(st.integers(1, 3000), max_size=4), min_size=w, max_size=w)),
+       frame_bytes=st.integers(1, 6), embed=st.integers(1, 6), rpn=st.integers(1, 4),
+       how=st.sampled_from([("lpt", None, None), ("lpt", None, "naive"), ("lpt", None, "milp"),
+                            ("min_move", 0.0, None), ("min_move", 0.3, None)]))
+def test_plan_is_the_assignment_of_its_costs_and_bytes(frames, frame_bytes, embed, rpn, how):
+    """The plan is assign_items over the clips' costs and the bytes each costs to move,
+    computed here from the docstring: frames in, embeddings out and their gradients back."""
+    from odb_factory.balance.encoder_plan import assign_items
+    mode, tolerance, placement = how
+    plan = plan_audio(frames, ranks_per_node=rpn, mode=mode, tolerance=tolerance, placement=placement,
+                      frame_bytes=frame_bytes, embed_row_bytes=embed)
+    costs = [[float(f) for f in fs] for fs in frames]
+    sizes = [[f * frame_bytes + 2 * audio_output_tokens(f) * embed for f in fs] for fs in frames]
+    assert [list(e) for e in plan.encoder] == assign_items(
+        costs, sizes, ranks_per_node=rpn, mode=mode, tolerance=tolerance, placement=placement)
+    assert (plan.frame_bytes, plan.embed_row_bytes) == (frame_bytes, embed)
+    # the defaults: 8 ranks a node, LPT, its own placement, one byte a row
+    rows = [[f + 2 * audio_output_tokens(f) for f in fs] for fs in frames]
+    assert [list(e) for e in plan_audio(frames).encoder] == assign_items(
+        costs, rows, ranks_per_node=8, mode="lpt", tolerance=None, placement=None)
+
+
+def test_clip_costs_of_any_cost_model_shape():
+    from odb_factory.balance.audio_plan import clip_costs
+    assert clip_costs(lambda f: f, []).tolist() == []
+    assert clip_costs(lambda f: 7.0, [5]).tolist() == [7.0]               # a scalar for one clip
+    assert clip_costs(lambda f: f.reshape(-1, 1), [3, 5]).tolist() == [3.0, 5.0]  # a column
+    assert clip_costs(lambda f: 0.5 * f, [1, 3]).tolist() == [0.5, 1.5]  # costs below one frame
+    assert clip_costs(lambda f: 0.0 * f, [1, 3]).tolist() == [0.0, 0.0]  # zero is a cost
+    assert clip_costs(lambda f: f ** 7, [3000]).tolist() == [pytest.approx(3000.0 ** 7)]  # float64, no int64 wrap
+    for bad in (lambda f: -f, lambda f: f * np.inf, lambda f: np.ones(3)):
+        with pytest.raises(ValueError) as raised:
+            clip_costs(bad, [1, 3])
+        assert str(raised.value) == "cost_model must map frame counts to finite non-negative costs"
+    for option, value in (("frame_bytes", 0), ("frame_bytes", 2.0), ("embed_row_bytes", True)):
+        with pytest.raises(ValueError) as raised:
+            plan_audio([[5]], **{option: value})
+        assert str(raised.value) == f"{option} must be an integer >= 1, got {value!r}"
+    with pytest.raises(ValueError, match="unknown audio balancing mode 'padded'; valid modes: lpt, min_move$"):
+        plan_audio([[5]], mode="padded")
+
+
 def test_plan_errors_name_the_bad_input():
     with pytest.raises(ValueError, match=r"frames_per_rank\[1\]\[0\] must be an integer >= 1"):
         plan_audio([[5], [0]])

@@ -116,10 +116,103 @@ def test_plan_metrics_and_errors():
     assert plan.summary()["max_over_lb_after"] == plan.max_over_lb_after
     with pytest.raises(ValueError, match=r"grids_per_rank\[1\]\[0\].*multiples of the spatial"):
         plan_vision([[], [(1, 3, 4)]], MERGE)
-    with pytest.raises(ValueError, match="unknown vision balancing mode"):
+    with pytest.raises(ValueError, match="unknown vision balancing mode 'padded'; valid modes: lpt, min_move "):
         plan_vision([[(1, 2, 2)]], MERGE, mode="padded")
     with pytest.raises(ValueError, match=r"grids_per_rank\[0\]\[0\]: t must be"):
         plan_vision([[(0, 2, 2)]], MERGE)
+
+
+def test_summary_and_locality_by_hand():
+    # linear cost = patches: rank 1 holds 256 + 256 + 64, rank 2 holds 16 (592, mean 197.3);
+    # LPT's groups {256}, {256}, {64, 16}: rank 1 keeps one 256, sends the other to rank 0 and
+    # its 64 to rank 2
+    grids = [[], [(1, 16, 16), (1, 16, 16), (1, 8, 8)], [(1, 4, 4)]]
+    linear = StageCostModel(0.0, 1.0, 0.0)
+    plan = plan_vision(grids, MERGE, linear, pixel_row_bytes=10, embed_row_bytes=3)
+    assert plan.moved_items == [(1, 0, 0), (1, 2, 2)]
+    assert plan.summary() == {
+        "items": 4, "moved_items": 2,
+        "cost_before": [0.0, 576.0, 16.0], "cost_after": [256.0, 256.0, 80.0],
+        "lower_bound": 256.0,
+        "max_over_mean_before": pytest.approx(576 / (592 / 3)),
+        "max_over_mean_after": pytest.approx(256 / (592 / 3)),
+        "max_over_lb_before": 576 / 256, "max_over_lb_after": 1.0,
+        "pixel_bytes_moved": (256 + 64) * 10, "embed_bytes_moved": (64 + 16) * 3}
+    # rank 1 sends items away; ranks 0 and 2 encode items of rank 1's
+    assert [plan.is_local(r) for r in range(3)] == [False, False, False]
+    local = local_plan(grids, MERGE, linear)
+    assert [local.is_local(r) for r in range(3)] == [True, True, True]
+    assert local.grids == tuple(tuple(g) for g in grids) and local.merge_size == MERGE
+    assert local.share_grids(1) == grids[1] and [local.merged(1, i) for i in range(3)] == [64, 64, 16]
+    # bytes default to rows
+    assert (local.pixel_row_bytes, local.embed_row_bytes) == (1, 1)
+    assert local.summary()["max_over_lb_before"] == local.summary()["max_over_lb_after"] == 576 / 256
+    assert local.summary()["pixel_bytes_moved"] == local.summary()["embed_bytes_moved"] == 0
+    with pytest.raises(ValueError, match="merge_size must be an integer >= 1, got 0"):
+        local_plan(grids, 0)
+
+
+@pytest.mark.parametrize("grids, message", [
+    ("abc", "grids_per_rank must be a list with one list of (t, h, w) per rank"),
+    ({0: []}, "grids_per_rank must be a list with one list of (t, h, w) per rank"),
+    ([], "grids_per_rank must list at least one rank"),
+    ([[(1, 2)]], "grids_per_rank[0][0] must be a (t, h, w) triple, got (1, 2)"),
+    ([[(1, 2, 2)], [(True, 2, 2)]], "grids_per_rank[1][0]: t must be an integer >= 1, got True"),
+    ([[(1, 2.0, 2)]], "grids_per_rank[0][0]: h must be an integer >= 1, got 2.0"),
+    ([[(1, 2, 0)]], "grids_per_rank[0][0]: w must be an integer >= 1, got 0"),
+])
+def test_plan_names_the_bad_grid(grids, message):
+    for plan in (plan_vision, local_plan):
+        with pytest.raises(ValueError) as raised:
+            plan(grids, MERGE)
+        assert str(raised.value) == message
+
+
+@pytest.mark.parametrize("option, value", [("merge_size", 0), ("merge_size", 2.0), ("merge_size", True),
+                                           ("pixel_row_bytes", 0), ("embed_row_bytes", 1.5)])
+def test_plan_names_the_bad_size_option(option, value):
+    kwargs = {"merge_size": MERGE, option: value}
+    with pytest.raises(ValueError) as raised:
+        plan_vision([[(1, 2, 2)]], **kwargs)
+    assert str(raised.value) == f"{option} must be an integer >= 1, got {value!r}"
+
+
+def test_item_costs_of_any_cost_model_shape():
+    from odb_factory.encoder_stage import item_costs
+    grids = [(1, 2, 2), (2, 4, 2)]
+    assert item_costs(lambda p: 7.0 + 0 * p, []).tolist() == []
+    assert item_cost(lambda p: 7.0, (1, 2, 2)) == 7.0                  # a scalar for one item
+    assert item_costs(lambda p: p.reshape(-1, 1), grids).tolist() == [4.0, 16.0]  # a column
+    assert item_costs(lambda p: 0.0 * p, grids).tolist() == [0.0, 0.0]  # zero is a cost
+    # counts reach the model as float64: the cube of 2048 x 2048 patches overflows int64
+    assert item_cost(lambda p: p ** 3, (1, 2048, 2048)) == pytest.approx(float(2048 * 2048) ** 3)
+    for bad in (lambda p: -p, lambda p: p * np.inf, lambda p: np.ones(3)):
+        with pytest.raises(ValueError) as raised:
+            item_costs(bad, grids)
+        assert str(raised.value) == "cost_model must map patch counts to finite non-negative costs"
+
+
+@settings(max_examples=120, deadline=None)
+@given(grids=st.integers(2, 12).flatmap(lambda m: st.lists(st.lists(grid_st, max_size=4), min_size=m, max_size=m)),
+       pixel=st.integers(1, 6), embed=st.integers(1, 6), rpn=st.integers(1, 4),
+       how=st.sampled_from([("lpt", None, None), ("lpt", None, "naive"), ("lpt", None, "milp"),
+                            ("min_move", 0.0, None), ("min_move", 0.3, None)]))
+def test_plan_is_the_assignment_of_its_costs_and_bytes(grids, pixel, embed, rpn, how):
+    """The plan is assign_items over the items' costs and the bytes each costs to move,
+    computed here from the docstring: pixels in, embeddings out and their gradients back."""
+    from odb_factory.balance.encoder_plan import assign_items
+    mode, tolerance, placement = how
+    plan = plan_vision(grids, MERGE, ranks_per_node=rpn, mode=mode, tolerance=tolerance,
+                       placement=placement, pixel_row_bytes=pixel, embed_row_bytes=embed)
+    costs = [[item_cost(QWEN3_VL_VISION, g) for g in gs] for gs in grids]
+    sizes = [[t * h * w * pixel + 2 * (t * h * w // MERGE ** 2) * embed for t, h, w in gs] for gs in grids]
+    want = assign_items(costs, sizes, ranks_per_node=rpn, mode=mode, tolerance=tolerance,
+                        placement=placement)
+    assert [list(e) for e in plan.encoder] == want
+    # the defaults: 8 ranks a node, LPT, its own placement, one byte a row
+    rows = [[t * h * w + 2 * (t * h * w // MERGE ** 2) for t, h, w in gs] for gs in grids]
+    defaults = assign_items(costs, rows, ranks_per_node=8, mode="lpt", tolerance=None, placement=None)
+    assert [list(e) for e in plan_vision(grids, MERGE).encoder] == defaults
 
 
 # ---------------------------------------------------------------------------------------

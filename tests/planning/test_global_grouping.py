@@ -95,6 +95,44 @@ def test_global_grouping_keeps_the_protocol_guarantees_and_the_step_count(case):
                 assert budget.fits(slot.samples)
 
 
+@settings(max_examples=80)
+@given(worlds(), st.integers(0, 2))
+def test_the_simulated_epoch_lays_out_each_aligned_round_as_regroup_round_does(case, epoch):
+    """simulate_epoch with global grouping, re-derived round by round from the plain epoch:
+    each round's slots are regroup_round's layout of that round (the world's node size, the
+    seed of the epoch and round), with each slot's round, position, padded tokens and the
+    step's global figures recomputed from the samples it received."""
+    costs, world, views, cfg = case
+    cfg = dataclasses.replace(cfg, max_vision_patches=None)
+    plain = simulate_epoch(costs, cfg, world, epoch=epoch, views=views)
+    sim = simulate_epoch(costs, dataclasses.replace(cfg, global_grouping=True), world, epoch=epoch,
+                         views=views)
+    budget = Budget.from_config(cfg)
+    if world == 1:  # one rank has no peers to regroup with
+        assert sim.slots == plain.slots
+        return
+    start = 0
+    while start < plain.steps:
+        number = plain.slots[0][start].round
+        end = start
+        while end < plain.steps and plain.slots[0][end].round == number:
+            end += 1
+        aligned = [[slot.samples for slot in rank[start:end]] for rank in plain.slots]
+        layout = regroup_round([[[s.cost for s in g] for g in rank] for rank in aligned], budget,
+                               cfg.ranks_per_node or world, seed=f"{cfg.seed}:{epoch}:{number}")
+        want = aligned if layout is None else apply_layout(layout, aligned)
+        for q in range(end - start):
+            step = [s for rank in want for s in rank[q]]
+            for r in range(world):
+                got = sim.slots[r][start + q]
+                assert [s.uid for s in got.samples] == [s.uid for s in want[r][q]]
+                assert (got.round, got.position) == (number, plain.slots[r][start + q].position)
+                assert got.padded_tokens == budget.group_cost(list(want[r][q]))
+                assert got.global_label_tokens == sum(s.cost.label_tokens for s in step)
+                assert got.global_samples == len(step)
+        start = end
+
+
 def test_a_round_of_unrelated_lengths_gets_steps_of_neighbouring_lengths():
     """Two ranks, two steps: each rank holds one long and one short group; regrouped, one step
     holds both long samples and the other both short ones, and the slowest rank of each step
