@@ -61,14 +61,15 @@ bench: $(STAMP)
 # `../../.venv/bin/mutmut run NAME...` re-runs chosen mutants; the target itself starts afresh.
 MUTATION_DIR := build/mutation
 MUTATION_TESTS := tests/planning tests/balance tests/encoder_stage tests/test_cost.py tests/test_loss_exact.py
+# what is mutated; a part at a time fits a shorter sitting: make mutation MUTATE='odb_factory/balance/plan.py'
+MUTATE ?= odb_factory/planning/* odb_factory/balance/* odb_factory/cost.py odb_factory/loss.py
 mutation: $(STAMP)
 	rm -rf $(MUTATION_DIR)
 	mkdir -p $(MUTATION_DIR)
 	cp -r --parents odb_factory tests/__init__.py tests/conftest.py tests/helpers $(MUTATION_TESTS) $(MUTATION_DIR)/
 	find $(MUTATION_DIR) -name __pycache__ -prune -exec rm -rf {} +
 	printf '%s\n' '[mutmut]' 'source_paths = odb_factory' \
-	  'only_mutate =' '    odb_factory/planning/*' '    odb_factory/balance/*' \
-	  '    odb_factory/cost.py' '    odb_factory/loss.py' \
+	  'only_mutate =' $(addprefix '    ,$(addsuffix ',$(MUTATE))) \
 	  'do_not_mutate =' '    */__init__.py' \
 	  'process_isolation = forkserver' \
 	  'pytest_add_cli_args =' '    -p' '    no:cacheprovider' \

@@ -81,3 +81,16 @@ def test_an_empty_step_has_no_plan():
     assert plan_step([], StepBalance()) is None
 
 
+
+
+def test_padded_plan_under_a_token_cap_prices_steps_with_the_cost_model():
+    """With a token cap the padded lengths bound each rank's tokens, while the costs stay the
+    cost model's n * g(longest), not n * longest: rank 0's {100, 100} costs 2 * g(100)."""
+    square = StageCostModel(0.0, 0.0, 1.0)   # g(l) = l^2
+    costs = [[c(100), c(100)], [c(10)]]
+    plan = plan_step(costs, StepBalance(cost_model=square, token_cap=400))
+    assert plan.cost_before == [2 * 100.0 ** 2, 10.0 ** 2]
+    for rank, dest in enumerate(plan.destinations):
+        lengths = [costs[r][i].input_tokens for r, i in dest]
+        assert plan.cost_per_rank[rank] == len(lengths) * max(lengths, default=0) ** 2
+        assert len(lengths) * max(lengths, default=0) <= 400
