@@ -405,3 +405,20 @@ def test_audio_stage_bench_rows_and_sentences_follow_their_numbers(tmp_path):
     assert f"{min(gains):+.1%} to {max(gains):+.1%}" in text
     assert ("it loses at" in text) == any(g < 0 for g in gains)
     assert len(list(csv.DictReader((tmp_path / "audio_stage.csv").open()))) == 12
+
+
+def test_loader_overhead_control_plans_the_same_steps():
+    """bench.loader_overhead's "costs known" loader differs from ODB only in not computing
+    the costs: the looked-up costs are DefaultCost's and both plan the same steps."""
+    from bench.loader_overhead import KnownCost, ServedSamples, identity
+    from odb_factory import ODBConfig, ODBDataLoader
+    from odb_factory.cost import DefaultCost
+    from odb_factory.synthetic import LengthDataset, long_tail_lengths
+    samples = [LengthDataset(long_tail_lengths(300, cv=1.0, mean=300, seed=3, minimum=16, maximum=1024))[i]
+               for i in range(300)]
+    known = KnownCost(samples)
+    assert [known(s) for s in samples] == [DefaultCost()(s) for s in samples]
+    config = ODBConfig(token_budget=4096, buffer_size=64)
+    steps = [[b.indices for b in ODBDataLoader(ServedSamples(samples), config, collate_fn=identity, cost_fn=cost)]
+             for cost in (known, None)]
+    assert steps[0] == steps[1] and sorted(i for s in steps[0] for i in s) == list(range(300))
