@@ -133,6 +133,39 @@ def test_the_simulated_epoch_lays_out_each_aligned_round_as_regroup_round_does(c
         start = end
 
 
+def _lpt_with_room(rest, tokens, bins, budget, cost_model):
+    """LPT by a linear scan: costliest first (ties: earlier first) onto the least-loaded group
+    (ties: lowest) whose room still holds the sample's tokens; None when none does."""
+    cost = [float(cost_model(float(tokens[k]))) for k in rest]
+    order = sorted(range(len(rest)), key=lambda j: (-cost[j], j))
+    load, room = [0.0] * bins, [float(budget.token_budget)] * bins
+    groups = [[] for _ in range(bins)]
+    for j in order:
+        open_bins = [b for b in range(bins) if room[b] >= tokens[rest[j]]]
+        if not open_bins:
+            return None
+        b = min(open_bins, key=lambda b: (load[b], b))
+        groups[b].append(int(rest[j]))
+        load[b] += cost[j]
+        room[b] -= tokens[rest[j]]
+    return groups
+
+
+@settings(max_examples=300)
+@given(st.lists(st.sampled_from([1, 7, 8, 16, 50, 64, 100, 128]), min_size=1, max_size=40),
+       st.integers(1, 8), st.sampled_from([64, 128, 256]))
+def test_packed_regrouping_is_lpt_under_the_token_budget(lengths, bins, budget_tokens):
+    """The packed layout's groups, against LPT written as a linear scan (lengths repeat, so
+    ties in cost and exact fits of a group's room happen)."""
+    import numpy as np
+    from odb_factory.planning.global_grouping import _packed
+    budget = Budget(budget_tokens, "packed")
+    tokens = np.array(lengths, dtype=np.float64)
+    rest = np.arange(len(lengths), dtype=np.int64)
+    assert _packed(rest, tokens, bins, budget, QWEN3_VL_LLM) == _lpt_with_room(
+        rest, tokens, bins, budget, QWEN3_VL_LLM)
+
+
 def test_a_round_of_unrelated_lengths_gets_steps_of_neighbouring_lengths():
     """Two ranks, two steps: each rank holds one long and one short group; regrouped, one step
     holds both long samples and the other both short ones, and the slowest rank of each step
