@@ -166,6 +166,45 @@ def test_packed_regrouping_is_lpt_under_the_token_budget(lengths, bins, budget_t
         rest, tokens, bins, budget, QWEN3_VL_LLM)
 
 
+def test_regroup_round_edge_cases_by_hand():
+    import pytest
+    big = Budget(4096)
+    assert regroup_round([], big) is None                                   # no rank
+    assert regroup_round([[[SampleCost(10, 1)], []]], big) is None          # fewer samples than steps
+    with pytest.raises(ValueError) as raised:
+        regroup_round([[[SampleCost(10, 1)]], [[SampleCost(10, 1)], []]], big)
+    assert str(raised.value) == "regroup_round: ranks hold different slot counts [1, 2]"
+    # as many samples as steps, one sample, one over-budget sample: each still gets its layout
+    assert regroup_round([[[SampleCost(10, 1)], [SampleCost(20, 1)]]], big) is not None
+    assert regroup_round([[[SampleCost(10, 1)]]], big) == [[[(0, 0, 0)]]]
+    assert regroup_round([[[SampleCost(5000, 1)]]], big) == [[[(0, 0, 0)]]]
+    # packed: 9 + 7 tokens fill a 16-token budget exactly (padded to 8 they would not)
+    assert regroup_round([[[SampleCost(9, 1), SampleCost(7, 1)]]], Budget(16, "packed", 8)) is not None
+
+
+def test_regroup_round_keeps_the_encoder_caps():
+    """The neighbouring-length partition {A, C} | {B, D} is taken unless it breaks the vision
+    cap; a lone sample over the cap (trained alone anyway) does not veto a layout."""
+    def s(tokens, patches):
+        return SampleCost(tokens, 1, patches)
+    capped = Budget(4096, max_vision_patches=100)
+    within = [[[s(1000, 60), s(10, 0)]], [[s(1000, 0), s(10, 60)]]]
+    regrouped = apply_layout(regroup_round(within, capped, seed=None), within)
+    assert sorted([c.input_tokens for c in regrouped[r][0]] for r in range(2)) == [[10, 10], [1000, 1000]]
+    over = [[[s(1000, 60), s(10, 0)]], [[s(1000, 60), s(10, 0)]]]
+    assert regroup_round(over, capped, seed=None) is None               # {A, C} holds 120 patches
+    assert regroup_round(over, Budget(4096), seed=None) is not None
+    # packed LPT deals four samples into four groups: the 150-patch sample stays alone
+    lone = [[[s(10, 150)], [s(1000, 0)]], [[s(10, 0)], [s(1000, 0)]]]
+    assert regroup_round(lone, dataclasses.replace(capped, cost_mode="packed"), seed=None) is not None
+
+
+def test_a_seed_shuffles_the_rounds_steps():
+    costs = [[[SampleCost(l, 1)] for l in (4000, 3000, 2000, 1000)], [[SampleCost(l, 1)] for l in (3500, 2500, 1500, 500)]]
+    longest_first = regroup_round(costs, Budget(4096), seed=None)
+    assert any(regroup_round(costs, Budget(4096), seed=str(k)) != longest_first for k in range(10))
+
+
 def test_a_round_of_unrelated_lengths_gets_steps_of_neighbouring_lengths():
     """Two ranks, two steps: each rank holds one long and one short group; regrouped, one step
     holds both long samples and the other both short ones, and the slowest rank of each step
