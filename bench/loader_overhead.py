@@ -35,14 +35,15 @@ class ServedSamples(torch.utils.data.Dataset):
 
 
 class KnownCost:
-    """The cost of each served sample, computed once beforehand."""
+    """The cost of each served sample, computed once beforehand and looked up by the
+    sample's identity (a dict lookup: reading the index tensor would cost more than that)."""
 
     def __init__(self, samples: List[Dict[str, torch.Tensor]]):
-        self.by_index = {int(s["index"]): SampleCost(len(s["input_ids"]), int((s["labels"][1:] != -100).sum()))
-                         for s in samples}
+        self.by_sample = {id(s): SampleCost(len(s["input_ids"]), int((s["labels"][1:] != -100).sum()))
+                          for s in samples}
 
     def __call__(self, sample: Dict[str, torch.Tensor]) -> SampleCost:
-        return self.by_index[int(sample["index"])]
+        return self.by_sample[id(sample)]
 
 
 def identity(batch: Any) -> Any:

@@ -8,9 +8,10 @@ function or a class instance, not a lambda, under the spawn start method).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
 import numpy
+import torch
 
 
 class SampleCost(NamedTuple):
@@ -88,6 +89,26 @@ class DefaultCost:
                    config.label_shift, config.audio_token_ids)
 
     def __call__(self, sample: Any) -> SampleCost:
+        return self._cost(sample, None)
+
+    def many(self, samples: Sequence[Any]) -> List[SampleCost]:
+        """[self(s) for s in samples], counting the labels of all of them in one pass when
+        they are 1-D CPU integer tensors (one numpy call per sample costs more than its count).
+        The loader asks it of each chunk of samples it fetches."""
+        if type(self).__call__ is not DefaultCost.__call__:  # a subclass measures its own way
+            return [self(s) for s in samples]
+        labels = [self._labels(s) for s in samples]
+        counts = _label_counts(labels, self.ignore_index, self.label_shift)
+        if counts is None:
+            return [self._cost(s, None) for s in samples]
+        return [self._cost(s, c) for s, c in zip(samples, counts)]
+
+    def _labels(self, sample: Any) -> Any:
+        get = getattr(sample, "get", None)
+        return get(self.label_key) if get is not None and self.label_key is not None else None
+
+    def _cost(self, sample: Any, label_tokens: Optional[int]) -> SampleCost:
+        """The sample's cost; `label_tokens`: its supervised tokens, when counted already."""
         try:
             ids = sample[self.length_key]
         except (KeyError, TypeError, IndexError) as exc:
@@ -96,14 +117,16 @@ class DefaultCost:
                 f"sample has no '{self.length_key}' to measure its length (it has: {keys}); "
                 f"set ODBConfig.length_key or pass cost_fn=") from exc
         tokens = _length(ids)
-        label_tokens = tokens
         get = getattr(sample, "get", None)
-        labels = get(self.label_key) if get is not None and self.label_key is not None else None
-        if labels is not None:
-            labels = _host_array(labels)
-            # A causal LM predicts token i+1 from i: the first label never enters the loss.
-            label_tokens = _count_not_equal(labels[1:] if self.label_shift else labels,
-                                            self.ignore_index)
+        if label_tokens is None:
+            label_tokens = tokens
+            labels = self._labels(sample)
+            if labels is not None:
+                labels = _host_array(labels)
+                # A causal LM predicts token i+1 from i: the first label never enters the loss
+                # (of each row: a batched (1, n) sample shifts along its last dimension).
+                label_tokens = _count_not_equal(labels[..., 1:] if self.label_shift else labels,
+                                                self.ignore_index)
         patches = 0
         grid = get(self.image_grid_key) if get is not None else None
         if grid is not None:
@@ -120,3 +143,26 @@ class DefaultCost:
         elif self.audio_token_ids:
             frames = _count_in(ids, self.audio_token_ids) * FRAMES_PER_AUDIO_TOKEN
         return SampleCost(tokens, label_tokens, patches, frames)
+
+
+def _label_counts(labels: Sequence[Any], ignore_index: int, shift: bool) -> Optional[List[int]]:
+    """Supervised tokens of each label tensor, counted over their concatenation; None
+    unless every one is a 1-D CPU integer tensor of one dtype (then each sample counts alone)."""
+    first = labels[0] if labels else None
+    if not isinstance(first, torch.Tensor) or first.is_floating_point():
+        return None
+    if not all(isinstance(t, torch.Tensor) and t.ndim == 1 and t.dtype == first.dtype and t.is_cpu
+               for t in labels):
+        return None
+    lengths = numpy.fromiter((t.shape[0] for t in labels), dtype=numpy.int64, count=len(labels))
+    starts = numpy.cumsum(lengths) - lengths
+    supervised = torch.cat(labels).numpy() != ignore_index
+    nonempty = lengths > 0
+    counts = numpy.zeros(len(labels), dtype=numpy.int64)
+    if nonempty.any():
+        # each non-empty sample's sum runs to the next non-empty sample's start: its own labels
+        first_labels = starts[nonempty]
+        counts[nonempty] = numpy.add.reduceat(supervised, first_labels, dtype=numpy.int64)
+        if shift:  # the first label of each sample never enters the loss
+            counts[nonempty] -= supervised[first_labels]
+    return counts.tolist()

@@ -181,3 +181,65 @@ def test_audio_frames_from_the_feature_mask_or_the_audio_tokens():
     # LLaMA-Factory's lazy samples carry only the expanded text: 4 audio tokens, 4 frames each
     assert DefaultCost(audio_token_ids=[AUDIO])({"input_ids": ids}).audio_frames == 16
     assert DefaultCost()({"input_ids": ids}).audio_frames == 0  # no audio ids: not counted
+
+
+# ------------------------------------------------------------------ a chunk at a time
+
+LABEL_KINDS = {"int64 tensor": torch.tensor, "int32 tensor": lambda v: torch.tensor(v, dtype=torch.int32),
+               "list": list, "numpy": np.array, "2-D tensor": lambda v: torch.tensor([v])}
+
+
+@settings(max_examples=400)
+@given(st.lists(st.tuples(st.lists(st.sampled_from([-100, -1, 0, 3, 7]), max_size=12),
+                          st.sampled_from(sorted(LABEL_KINDS)), st.booleans()), max_size=8),
+       st.sampled_from([-100, -1]), st.booleans())
+def test_many_counts_each_sample_as_the_positionwise_recount(rows, ignore_index, shift):
+    """Mixed chunks too: one list, 2-D or int32 sample sends the chunk down the one-by-one path
+    (a batched (1, n) sample shifts along its last dimension)."""
+    samples, expected = [], []
+    for labels, kind, has_labels in rows:
+        sample = {"input_ids": list(range(len(labels)))}
+        if has_labels:
+            sample["labels"] = LABEL_KINDS[kind](labels)
+        samples.append(sample)
+        expected.append(_supervised_after_shift(labels, ignore_index, shift) if has_labels else len(labels))
+    cost = DefaultCost(ignore_index=ignore_index, label_shift=shift)
+    costs = cost.many(samples)
+    assert costs == [cost(s) for s in samples]
+    assert [c.label_tokens for c in costs] == expected
+    assert all(type(c) is SampleCost and all(type(v) is int for v in c) for c in costs)
+
+
+def test_many_by_hand_with_an_empty_sample_between_two():
+    """An empty label tensor between two others: each sum stops at the next sample's start."""
+    labels = [torch.tensor([7, -100, 3]), torch.tensor([], dtype=torch.long), torch.tensor([-100, 5, 6, -100])]
+    samples = [{"input_ids": torch.zeros(len(t)), "labels": t} for t in labels]
+    assert [c.label_tokens for c in DefaultCost().many(samples)] == [1, 0, 2]
+    assert [c.label_tokens for c in DefaultCost(label_shift=False).many(samples)] == [2, 0, 2]
+    assert DefaultCost().many([]) == []
+
+
+def test_a_subclass_that_measures_its_own_way_is_asked_one_sample_at_a_time():
+    class Doubled(DefaultCost):
+        def __call__(self, sample):
+            cost = super().__call__(sample)
+            return cost._replace(label_tokens=2 * cost.label_tokens)
+
+    samples = [{"input_ids": torch.zeros(3), "labels": torch.tensor([1, 2, 3])}] * 2
+    assert [c.label_tokens for c in Doubled().many(samples)] == [4, 4]
+
+
+def test_a_chunk_with_a_bad_sample_names_it_by_its_dataset_index():
+    from odb_factory.loader.sample_stage import CostedDataset
+    rows = [{"input_ids": torch.zeros(2), "labels": torch.tensor([1, 2])}, {"text": "no ids"}]
+    costed = CostedDataset(rows, DefaultCost())
+    assert costed.fetch([0]) == [(0, rows[0], SampleCost(2, 1))]
+    with pytest.raises(MissingCostKeyError, match=r"dataset sample 1: sample has no 'input_ids'.*\['text'\]"):
+        costed.fetch([0, 1])
+
+
+def test_a_cost_function_returning_tuples_gives_sample_costs_in_a_chunk():
+    from odb_factory.loader.sample_stage import CostedDataset
+    costed = CostedDataset([{"n": 3}, {"n": 5}], lambda s: (s["n"], 1))
+    assert [c for _, _, c in costed.fetch([1, 0])] == [SampleCost(5, 1), SampleCost(3, 1)]
+    assert all(type(c) is SampleCost for _, _, c in costed.fetch([1, 0]))

@@ -111,6 +111,7 @@ class EpochPlanner:
         self.pad_to_window = pad_to_window
         self.rebalancer = rebalancer
         self.filler: Optional[Any] = None
+        self._last_trained: Optional[Tuple[Slot, List[Any]]] = None  # the filler's source
         self.failure: Optional[BaseException] = None    # this rank's own pipeline failure
         self.peer_departure: Optional[PeerDeparted] = None
         self._last_step = -1                             # last step the trainer received
@@ -295,8 +296,7 @@ class EpochPlanner:
                 samples = [self._filler()]
             else:
                 samples = [self.store.payloads.pop(s.uid) for s in slot.samples]
-                shortest = min(range(len(samples)), key=lambda i: slot.samples[i].cost.input_tokens)
-                self.filler = samples[shortest]
+                self._last_trained = (slot, samples)
             plan = StepPlan(
                 epoch=self.epoch, step=self.step, round=slot.round, samples=samples,
                 indices=[s.index for s in slot.samples], is_idle=slot.is_idle,
@@ -313,6 +313,13 @@ class EpochPlanner:
             yield plan
 
     def _filler(self) -> Any:
+        """An IDLE step's sample: the shortest of the last trained step (picked only when
+        an IDLE step needs it), else one fetched from the dataset."""
+        if self._last_trained is not None:
+            slot, samples = self._last_trained
+            self._last_trained = None
+            shortest = min(range(len(samples)), key=lambda i: slot.samples[i].cost.input_tokens)
+            self.filler = samples[shortest]
         if self.filler is None:
             self.filler = self.fetch_filler()
         return self.filler

@@ -18,6 +18,7 @@ from ..cost import CostFn, MissingCostKeyError, SampleCost
 from .payload import Packed, pack
 
 MAX_CHUNK = 16  # samples per worker fetch (see chunk_size)
+IN_THREAD_CHUNK = 64  # samples per fetch with no workers: DefaultCost.many's fixed cost amortised
 
 
 def identity(x: Any) -> Any:
@@ -36,13 +37,28 @@ class CostedDataset(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Tuple[int, Any, SampleCost]:
-        sample = self.dataset[index]
+        return self.fetch([index])[0]
+
+    def fetch(self, indices: List[int]) -> List[Tuple[int, Any, SampleCost]]:
+        """[(i, sample, cost)] for a chunk of indices; a cost function with a `many` method
+        (DefaultCost) costs the whole chunk in one call."""
+        samples = [self.dataset[index] for index in indices]
+        many = getattr(self.cost_fn, "many", None)
         try:
-            cost = self.cost_fn(sample)
+            costs = many(samples) if many is not None else None
+        except MissingCostKeyError:
+            costs = None  # measured one by one below, so the error names the sample
+        if costs is None:
+            costs = [self._cost(index, sample) for index, sample in zip(indices, samples)]
+        # a user cost function may return a plain tuple
+        return [(index, sample, cost if type(cost) is SampleCost else SampleCost(*cost))
+                for index, sample, cost in zip(indices, samples, costs)]
+
+    def _cost(self, index: int, sample: Any) -> SampleCost:
+        try:
+            return self.cost_fn(sample)
         except MissingCostKeyError as exc:
             raise MissingCostKeyError(f"dataset sample {index}: {exc.args[0]}") from None
-        # a user cost function may return a plain tuple
-        return index, sample, cost if type(cost) is SampleCost else SampleCost(*cost)
 
 
 class PackedChunks(Dataset):
@@ -55,11 +71,7 @@ class PackedChunks(Dataset):
         return len(self.costed)
 
     def __getitem__(self, indices: List[int]) -> List[Tuple[int, Packed, SampleCost]]:
-        out = []
-        for index in indices:
-            index, sample, cost = self.costed[index]
-            out.append((index, pack(sample), cost))
-        return out
+        return [(index, pack(sample), cost) for index, sample, cost in self.costed.fetch(indices)]
 
 
 def chunk_size(buffer_size: int, workers: int) -> int:
@@ -77,9 +89,13 @@ class ViewSampler(Sampler):
         self.chunk = chunk
 
     def __iter__(self) -> Iterator[List[int]]:
-        order = iter(self.order)
+        return self.chunks(self.order, self.chunk)
+
+    @staticmethod
+    def chunks(order: Iterable[int], size: int) -> Iterator[List[int]]:
+        order = iter(order)
         while True:
-            indices = list(itertools.islice(order, self.chunk))
+            indices = list(itertools.islice(order, size))
             if not indices:
                 return
             yield indices
@@ -87,11 +103,12 @@ class ViewSampler(Sampler):
 
 def in_thread_samples(dataset: CostedDataset, order: Iterable[int],
                       packed: bool) -> Iterator[Tuple[int, Any, SampleCost]]:
-    """num_workers=0: run the per-sample pipeline in the planner thread. `packed`: the
-    samples go on to collate workers, so they are packed here, off the training thread."""
-    for index in order:
-        index, sample, cost = dataset[index]
-        yield index, (pack(sample) if packed else sample), cost
+    """num_workers=0: run the per-sample pipeline in this process, a chunk of samples at a
+    time. `packed`: the samples go on to collate workers, so they are packed here, off the
+    training thread."""
+    for indices in ViewSampler.chunks(order, IN_THREAD_CHUNK):
+        for index, sample, cost in dataset.fetch(indices):
+            yield index, (pack(sample) if packed else sample), cost
 
 
 def worker_samples(loader: Any, rank: int) -> Iterator[Tuple[int, Packed, SampleCost]]:

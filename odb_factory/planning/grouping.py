@@ -9,15 +9,15 @@ is forced alone, and only the last (shortest) group can be partial.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Hashable, List, Optional, Sequence
+from typing import Hashable, List, NamedTuple, Optional, Sequence
 
 from ..cost import SampleCost
 
 
-@dataclass(frozen=True)
-class PlannedSample:
+class PlannedSample(NamedTuple):
+    """A sample as planning sees it (a tuple: built once per sample, at half a frozen
+    dataclass's price)."""
     uid: Hashable          # unique within a rank's epoch (an index may recur in non-join mode)
     index: int             # dataset index, what ledgers record
     cost: SampleCost
@@ -50,7 +50,7 @@ class Budget:
 
     def padded_length(self, tokens: int) -> int:
         m = self.pad_to_multiple_of
-        return int(math.ceil(tokens / m) * m)
+        return -(-tokens // m) * m  # ceil in integers, exact at any size
 
     def group_cost(self, samples: Sequence[PlannedSample]) -> int:
         """Tokens the group occupies: padded `n * roundup(max)` or packed `sum`."""
@@ -98,13 +98,13 @@ def form_groups(samples: Sequence[PlannedSample], budget: Budget,
     ordered = sorted(samples, key=sort_key)
     groups: List[List[PlannedSample]] = []
     oversized: List[PlannedSample] = []
+    packed_mode = budget.cost_mode == "packed"
     # the first sample that fits alone starts `current`: these starting values are never read
     current: List[PlannedSample] = []  # pragma: no mutate
-    head_len = packed = patches = frames = 0  # pragma: no mutate, running cost of `current` (head: longest)
+    head = packed = patches = frames = 0  # pragma: no mutate, running cost of `current` (head: its longest's padded length)
     for sample in ordered:
-        cost = sample.cost
-        tokens, vision, audio = cost.input_tokens, cost.vision_patches, cost.audio_frames
-        if not budget.fits_alone(cost):
+        tokens, _, vision, audio = sample.cost
+        if not budget.fits_alone(sample.cost):
             if over_budget == "error":
                 raise OverBudgetError(
                     f"sample {sample.index} costs {budget.group_cost([sample])} tokens"
@@ -117,10 +117,7 @@ def form_groups(samples: Sequence[PlannedSample], budget: Budget,
         if current:
             # Appending a shorter sample never raises the group's max length, so this is
             # the whole feasibility test of the longer run.
-            if budget.cost_mode == "packed":
-                cost = packed + tokens
-            else:
-                cost = (len(current) + 1) * budget.padded_length(head_len)
+            cost = packed + tokens if packed_mode else (len(current) + 1) * head
             if cost <= budget.token_budget and budget.encoder_caps_hold(patches + vision, frames + audio):
                 current.append(sample)
                 packed += tokens
@@ -128,7 +125,7 @@ def form_groups(samples: Sequence[PlannedSample], budget: Budget,
                 frames += audio
                 continue
             groups.append(current)
-        current, head_len, packed, patches, frames = [sample], tokens, tokens, vision, audio
+        current, head, packed, patches, frames = [sample], budget.padded_length(tokens), tokens, vision, audio
     if current:
         groups.append(current)
     return Grouping(groups, oversized)

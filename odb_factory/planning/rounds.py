@@ -15,6 +15,7 @@ mechanism's decisions too.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -88,11 +89,11 @@ class RankPlanner:
     _over_budget: int = 0
 
     def begin_round(self) -> RankStatus:
-        while not self.exhausted and len(self.buffer) < self.buffer_size:
-            try:
-                self.buffer.append(next(self.stream))
-            except StopIteration:
-                self.exhausted = True
+        wanted = self.buffer_size - len(self.buffer)
+        if not self.exhausted and wanted > 0:
+            before = len(self.buffer)
+            self.buffer.extend(itertools.islice(self.stream, wanted))
+            self.exhausted = len(self.buffer) - before < wanted
         grouping = form_groups(self.buffer, self.budget, self.over_budget)
         self._pending = grouping.groups
         self._over_budget = len(grouping.over_budget)
