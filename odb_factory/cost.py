@@ -154,7 +154,7 @@ def _label_counts(labels: Sequence[Any], ignore_index: int, shift: bool) -> Opti
     if not all(isinstance(t, torch.Tensor) and t.ndim == 1 and t.dtype == first.dtype and t.is_cpu
                for t in labels):
         return None
-    lengths = numpy.fromiter((t.shape[0] for t in labels), dtype=numpy.int64, count=len(labels))
+    lengths = numpy.fromiter((t.shape[0] for t in labels), dtype=numpy.int64)
     starts = numpy.cumsum(lengths) - lengths
     supervised = torch.cat(labels).numpy() != ignore_index
     nonempty = lengths > 0
@@ -162,7 +162,7 @@ def _label_counts(labels: Sequence[Any], ignore_index: int, shift: bool) -> Opti
     if nonempty.any():
         # each non-empty sample's sum runs to the next non-empty sample's start: its own labels
         first_labels = starts[nonempty]
-        counts[nonempty] = numpy.add.reduceat(supervised, first_labels, dtype=numpy.int64)
+        counts[nonempty] = numpy.add.reduceat(supervised, first_labels)  # bools sum as int64
         if shift:  # the first label of each sample never enters the loss
             counts[nonempty] -= supervised[first_labels]
     return counts.tolist()

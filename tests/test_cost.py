@@ -219,6 +219,22 @@ def test_many_by_hand_with_an_empty_sample_between_two():
     assert DefaultCost().many([]) == []
 
 
+def test_many_counts_a_chunk_of_tensors_without_counting_any_sample_alone(monkeypatch):
+    """The chunk's labels are counted in one pass: the one-sample count is never reached."""
+    import odb_factory.cost as cost_module
+    labels = [torch.tensor([7, -100, 3]), torch.tensor([-100, 5, 6, -100])]
+    samples = [{"input_ids": torch.zeros(len(t)), "labels": t} for t in labels]
+    expected = DefaultCost().many(samples)
+
+    def no_sample_alone(*args):
+        raise AssertionError("a label tensor was counted on its own")
+
+    monkeypatch.setattr(cost_module, "_count_not_equal", no_sample_alone)
+    assert DefaultCost().many(samples) == expected == [SampleCost(3, 1), SampleCost(4, 2)]
+    with pytest.raises(AssertionError, match="counted on its own"):
+        DefaultCost().many([{"input_ids": [1, 2], "labels": [1, 2]}])   # lists: one by one
+
+
 def test_a_subclass_that_measures_its_own_way_is_asked_one_sample_at_a_time():
     class Doubled(DefaultCost):
         def __call__(self, sample):

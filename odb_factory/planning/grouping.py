@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Hashable, List, NamedTuple, Optional, Sequence
 
+from ..config import OVER_BUDGET_POLICIES
 from ..cost import SampleCost
 
 
@@ -95,6 +96,8 @@ def form_groups(samples: Sequence[PlannedSample], budget: Budget,
     A sample that does not fit even alone is put in a group of its own (policy
     "singleton", reported in `Grouping.over_budget`) or raises OverBudgetError naming it.
     """
+    if over_budget not in OVER_BUDGET_POLICIES:
+        raise ValueError(f"over_budget must be one of {OVER_BUDGET_POLICIES}, got {over_budget!r}")
     ordered = sorted(samples, key=sort_key)
     groups: List[List[PlannedSample]] = []
     oversized: List[PlannedSample] = []

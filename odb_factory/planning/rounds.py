@@ -89,9 +89,8 @@ class RankPlanner:
     _over_budget: int = 0
 
     def begin_round(self) -> RankStatus:
-        wanted = self.buffer_size - len(self.buffer)
-        if not self.exhausted and wanted > 0:
-            before = len(self.buffer)
+        if not self.exhausted:  # the buffer never holds more than buffer_size: wanted >= 0
+            wanted, before = self.buffer_size - len(self.buffer), len(self.buffer)
             self.buffer.extend(itertools.islice(self.stream, wanted))
             self.exhausted = len(self.buffer) - before < wanted
         grouping = form_groups(self.buffer, self.budget, self.over_budget)

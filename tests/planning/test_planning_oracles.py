@@ -94,8 +94,9 @@ def test_fits_alone_is_fits_of_a_one_sample_group(tokens, patches, frames, budge
 
 
 def test_budget_from_config():
-    cfg = ODBConfig(token_budget=77, cost_mode="packed", pad_to_multiple_of=4, max_vision_patches=9)
-    assert Budget.from_config(cfg) == Budget(77, "packed", 4, 9)
+    cfg = ODBConfig(token_budget=77, cost_mode="packed", pad_to_multiple_of=4, max_vision_patches=9,
+                    max_audio_frames=5)
+    assert Budget.from_config(cfg) == Budget(77, "packed", 4, 9, 5)
 
 
 def test_rounding_changes_the_grouping():
@@ -164,6 +165,8 @@ def test_over_budget_policies():
     with pytest.raises(OverBudgetError, match="set over_budget='singleton'"):
         form_groups([sample(0, 41)], Budget(40, pad_to_multiple_of=8), over_budget="error")
     assert form_groups(samples[1::2], Budget(40), over_budget="error").over_budget == []
+    with pytest.raises(ValueError, match=r"over_budget must be one of \('singleton', 'error'\), got 'skip'"):
+        form_groups(samples, Budget(40), over_budget="skip")
 
 
 # ------------------------------------------------------------------ target and fitting
@@ -392,6 +395,48 @@ def test_rank_planner_without_data_finishes_at_once():
     p = RankPlanner(Budget(10), 4, iter(()))
     assert p.begin_round() == RankStatus(0, 0, True)
     assert p.plan_round([RankStatus(0, 0, True)]) == [] and p.finished
+
+
+def test_the_buffer_fills_to_its_size_and_reads_the_stream_no_further():
+    # a stream of exactly one buffer: its end is seen only when the next fill comes up short
+    p = RankPlanner(Budget(100), 4, iter([sample(i, 10) for i in range(4)]))
+    assert p.begin_round() == RankStatus(1, 4, False)
+    p.close_round([p.plan_round([RankStatus(1, 4, False)])])
+    assert p.begin_round() == RankStatus(0, 0, True)
+    read = []
+
+    def counted():
+        for i in range(10):
+            read.append(i)
+            yield sample(i, 10)
+
+    p = RankPlanner(Budget(20), 4, counted())
+    status = p.begin_round()
+    assert read == [0, 1, 2, 3] and status == RankStatus(2, 4, False)
+    p.close_round([p.plan_round([status])])
+    assert p.begin_round() == RankStatus(2, 4, False) and read == list(range(8))
+
+
+@pytest.mark.parametrize("length, read_after, status_after", [
+    (10, 6, RankStatus(4, 4, False)),   # tops up the 2 samples sent back with 2 new ones
+    (5, 5, RankStatus(3, 3, True)),     # asks for 2, gets 1: the stream is over
+])
+def test_a_fill_after_an_overflow_tops_the_buffer_up_to_its_size(length, read_after, status_after):
+    read = []
+
+    def counted():
+        for i in range(length):
+            read.append(i)
+            yield sample(i, 20)           # budget 20: one sample a group
+
+    p0 = RankPlanner(Budget(20), 4, iter([sample(i, 10) for i in range(100)]), rank=0)  # 2 groups
+    p1 = RankPlanner(Budget(20), 4, counted(), rank=1)                                   # 4 groups
+    statuses, costs = _round([p0, p1])
+    assert statuses == [RankStatus(2, 4, False), RankStatus(4, 4, False)]
+    p0.close_round(costs)
+    p1.close_round(costs)
+    assert len(p1.buffer) == 2            # T = 2: two of its groups go back to the buffer
+    assert p1.begin_round() == status_after and len(read) == read_after
 
 
 @settings(max_examples=500)
