@@ -101,10 +101,11 @@ def form_groups(samples: Sequence[PlannedSample], budget: Budget,
     ordered = sorted(samples, key=sort_key)
     groups: List[List[PlannedSample]] = []
     oversized: List[PlannedSample] = []
-    packed_mode = budget.cost_mode == "packed"
+    summed = budget.cost_mode == "packed"  # the packed cost is Σ len
     # the first sample that fits alone starts `current`: these starting values are never read
-    current: List[PlannedSample] = []  # pragma: no mutate
-    head = packed = patches = frames = 0  # pragma: no mutate, running cost of `current` (head: its longest's padded length)
+    current: List[PlannedSample] = []  # pragma: no mutate, never read
+    # running cost of `current`; head: the padded length of its first (longest) sample
+    head = packed = patches = frames = 0  # pragma: no mutate, never read
     for sample in ordered:
         tokens, _, vision, audio = sample.cost
         if not budget.fits_alone(sample.cost):
@@ -120,7 +121,7 @@ def form_groups(samples: Sequence[PlannedSample], budget: Budget,
         if current:
             # Appending a shorter sample never raises the group's max length, so this is
             # the whole feasibility test of the longer run.
-            cost = packed + tokens if packed_mode else (len(current) + 1) * head
+            cost = packed + tokens if summed else (len(current) + 1) * head
             if cost <= budget.token_budget and budget.encoder_caps_hold(patches + vision, frames + audio):
                 current.append(sample)
                 packed += tokens

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from odb_factory import SampleCost
+from odb_factory import ODBConfig, SampleCost
 from odb_factory.balance.cost_model import QWEN3_VL_LLM
 from odb_factory.planning.global_grouping import apply_layout, regroup_round
 from odb_factory.planning.grouping import Budget, PlannedSample
@@ -97,6 +97,8 @@ def test_global_grouping_keeps_the_protocol_guarantees_and_the_step_count(case):
 
 @settings(max_examples=80)
 @given(worlds(), st.integers(0, 2))
+@example(case=([SampleCost(n, n) for n in (40, 40, 5, 20, 60, 40, 40, 20, 40, 20)], 2, None,   # two
+               ODBConfig(token_budget=64, buffer_size=8)), epoch=0)                        # ranks regroup
 def test_the_simulated_epoch_lays_out_each_aligned_round_as_regroup_round_does(case, epoch):
     """simulate_epoch with global grouping, re-derived round by round from the plain epoch:
     each round's slots are regroup_round's layout of that round (the world's node size, the
