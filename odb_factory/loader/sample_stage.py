@@ -26,8 +26,8 @@ def identity(x: Any) -> Any:
     return x
 
 
-class CostedDataset(Dataset):
-    """dataset[i] -> (i, sample, cost)."""
+class CostedDataset:
+    """fetch([i, j, ...]) -> [(i, sample, cost), ...]: the dataset's samples with their costs."""
 
     def __init__(self, dataset: Any, cost_fn: CostFn):
         self.dataset = dataset
@@ -35,9 +35,6 @@ class CostedDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Tuple[int, Any, SampleCost]:
-        return self.fetch([index])[0]
 
     def fetch(self, indices: List[int]) -> List[Tuple[int, Any, SampleCost]]:
         """[(i, sample, cost)] for a chunk of indices; a cost function with a `many` method
