@@ -3,6 +3,7 @@ a pure-Python LPT, the stable longest-first order, and a brute-force largest mul
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -84,3 +85,28 @@ def test_largest_multiple_is_the_brute_force_one(unit, k, nudge, k_max):
     if nudge:
         limit = math.nextafter(limit, math.inf if nudge > 0 else 0.0)
     assert largest_multiple(unit, limit, k_max) == brute_largest_multiple(unit, limit, k_max)
+
+
+def brute_padded_cost(unit, num_ranks):
+    """min over every assignment of samples to ranks of max(count * longest unit)."""
+    best = math.inf
+    for ranks in itertools.product(range(num_ranks), repeat=len(unit)):
+        loads = [0.0] * num_ranks
+        for r in range(num_ranks):
+            mine = [u for u, owner in zip(unit, ranks) if owner == r]
+            loads[r] = len(mine) * max(mine) if mine else 0.0
+        best = min(best, max(loads))
+    return best
+
+
+@pytest.mark.parametrize("unit, num_ranks", [
+    # candidate costs one float64 step apart (2 * 19.38665073400002 is the optimum, and
+    # 2 * 19.386650734000025 the next float): the bisection over bit patterns must not step
+    # past the optimum's pattern
+    ([6.462216911333342, 19.38665073400002, 19.386650734000025, 29.07997610100003], 3),
+    ([18.30450716740985, 54.91352150222955, 27.45676075111477, 18.30450716740985, 18.30450716740985], 2),
+])
+def test_padded_groups_find_the_optimum_one_float_step_below_another_candidate(unit, num_ranks):
+    groups = padded_groups(np.asarray(unit), num_ranks)
+    cost = max(len(g) * max(unit[i] for i in g) if g else 0.0 for g in groups)
+    assert cost == brute_padded_cost(unit, num_ranks)
