@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
+from odb_factory.balance import balance
 from odb_factory.balance.caps import Caps
 from odb_factory.balance.inputs import flatten, positive_int
 
@@ -61,3 +64,50 @@ def test_caps_name_the_option_at_fault():
     with pytest.raises(ValueError, match=r"^max_padded_tokens_per_rank needs lengths_per_rank$"):
         Caps.build(None, 64.0, have_lengths=False)
     assert Caps.build(2, 64, have_lengths=True) == Caps(2, 64.0)
+
+
+# ------------------------------------------------------------------ cost_model (mode="padded")
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(mode="lpt", lengths_per_rank=[[3, 1]]), "cost_model is only used by mode='padded'"),
+    (dict(mode="padded"), "cost_model needs lengths_per_rank"),
+])
+def test_cost_model_misuse_is_named(kw, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        balance([[1.0, 1.0]], 8, cost_model=lambda lengths: lengths, **kw)
+
+
+@pytest.mark.parametrize("model", [
+    lambda lengths: lengths[:-1],                                   # one cost short (shape alone)
+    lambda lengths: -lengths,                                       # negative (values alone)
+    lambda lengths: np.where(lengths > 2, np.inf, lengths),         # infinite, yet >= 0
+    lambda lengths: np.where(lengths > 2, np.nan, lengths),
+])
+def test_a_cost_model_of_the_wrong_shape_or_values_is_refused(model):
+    with pytest.raises(ValueError, match=r"^cost_model must map lengths to finite non-negative costs, elementwise$"):
+        balance([[1.0, 1.0], [1.0]], 8, "padded", lengths_per_rank=[[3, 1], [2]], cost_model=model)
+
+
+def test_a_cost_model_may_return_zeros_a_column_or_a_list():
+    """Zero is a cost; any array-like of one cost per length, flattened, is accepted."""
+    kw = dict(lengths_per_rank=[[3, 1], [2]])
+    zero = balance([[1.0, 1.0], [1.0]], 8, "padded", cost_model=lambda L: np.where(L > 1, L, 0.0), **kw)
+    assert zero.cost_before == [6.0, 2.0]
+    column = balance([[1.0, 1.0], [1.0]], 8, "padded", cost_model=lambda L: L.reshape(-1, 1) * 2, **kw)
+    listed = balance([[1.0, 1.0], [1.0]], 8, "padded", cost_model=lambda L: [2 * x for x in L.tolist()], **kw)
+    assert column.cost_before == listed.cost_before == [12.0, 4.0]
+
+
+def test_a_cost_model_of_negative_zeros_reports_zero_costs():
+    plan = balance([[1.0, 1.0], [1.0]], 8, "padded", lengths_per_rank=[[0, 0], [0]],
+                   cost_model=lambda L: -0.0 * L)
+    assert not any(np.signbit(plan.cost_before + plan.cost_per_rank))
+
+
+def test_min_move_prices_a_zero_byte_sample_without_a_numpy_warning():
+    """A sample of no bytes has the best cost per byte (inf), computed without dividing by 0."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = balance([[3.0, 3.0, 3.0, 3.0], []], 8, "min_move", sizes_per_rank=[[0.0, 1.0, 1.0, 2.0], []],
+                       tolerance=0.0)
+    assert sorted(plan.moves)[0] == (0, 0, 1) and plan.target_met
