@@ -307,7 +307,7 @@ def test_empty_and_zero_cost_instances():
     (dict(costs_per_rank=[[1.0]], mode="min_move", placement="naive"), "placement"),
     (dict(costs_per_rank=[[1.0]], cost_model=StageCostModel()), "only used by mode='padded'"),
     (dict(costs_per_rank=[[1.0, 1.0]], mode="padded", lengths_per_rank=[[1, 2]],
-          cost_model=lambda x: 5.0 - x), "non-decreasing"),
+          cost_model=lambda x: 5.0 - x), r"^cost_model must be non-decreasing in length for mode='padded'$"),
     (dict(costs_per_rank=[[1.0] * 5], max_samples_per_rank=2),
      "infeasible caps: 5 samples cannot be placed on 1 ranks with max_samples_per_rank=2"),
     (dict(costs_per_rank=[[1.0], []], lengths_per_rank=[[50], []],
