@@ -299,12 +299,14 @@ def test_empty_and_zero_cost_instances():
     (dict(costs_per_rank=[[1.0]], mode="fast"), "valid modes: lpt, padded, min_move"),
     (dict(costs_per_rank=[[1.0]], placement="random"),
      "valid placements: assignment, naive, milp"),
-    (dict(costs_per_rank=[[1.0]], ranks_per_node=0), "ranks_per_node"),
+    (dict(costs_per_rank=[[1.0]], ranks_per_node=0), r"^ranks_per_node must be an integer >= 1, got 0$"),
     (dict(costs_per_rank=[[1.0]], max_samples_per_rank=0), "max_samples_per_rank"),
     (dict(costs_per_rank=[[1.0]], max_padded_tokens_per_rank=10), "needs lengths_per_rank"),
-    (dict(costs_per_rank=[[1.0]], tolerance=0.1), "only used by mode='min_move'"),
-    (dict(costs_per_rank=[[1.0]], mode="min_move", tolerance=-1), "tolerance"),
-    (dict(costs_per_rank=[[1.0]], mode="min_move", placement="naive"), "placement"),
+    (dict(costs_per_rank=[[1.0]], tolerance=0.1), r"^tolerance is only used by mode='min_move'$"),
+    (dict(costs_per_rank=[[1.0]], mode="min_move", tolerance=-1), r"^tolerance must be finite and >= 0, got -1$"),
+    (dict(costs_per_rank=[[1.0]], mode="min_move", tolerance=True), r"^tolerance must be finite and >= 0, got True$"),
+    (dict(costs_per_rank=[[1.0]], mode="min_move", placement="naive"),
+     r"^placement does not apply to mode='min_move' \(it moves samples between ranks directly\)$"),
     (dict(costs_per_rank=[[1.0]], cost_model=StageCostModel()), "only used by mode='padded'"),
     (dict(costs_per_rank=[[1.0, 1.0]], mode="padded", lengths_per_rank=[[1, 2]],
           cost_model=lambda x: 5.0 - x), r"^cost_model must be non-decreasing in length for mode='padded'$"),
@@ -316,3 +318,11 @@ def test_empty_and_zero_cost_instances():
 def test_bad_input_raises_clear_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
         balance(**kwargs)
+
+
+def test_ranks_per_node_defaults_to_nodes_of_eight():
+    """Nine ranks by default are two nodes (8 + 1): a sample moved to rank 8 crosses nodes."""
+    costs = [[5.0, 4.0, 3.0, 3.0, 2.0, 2.0, 1.0, 1.0, 1.0]] + [[] for _ in range(8)]
+    default = balance(costs)
+    assert default == balance(costs, 8) != balance(costs, 9)
+    assert default.bytes_inter_node == 1.0
