@@ -326,3 +326,12 @@ def test_ranks_per_node_defaults_to_nodes_of_eight():
     default = balance(costs)
     assert default == balance(costs, 8) != balance(costs, 9)
     assert default.bytes_inter_node == 1.0
+
+
+@pytest.mark.parametrize("mode, placement, reported", [
+    ("lpt", None, "assignment"), ("padded", "naive", "naive"), ("lpt", "milp", "milp"),
+    ("min_move", None, "none"),   # its destinations already are ranks
+])
+def test_a_plan_reports_its_placement(mode, placement, reported):
+    plan = balance([[3.0, 2.0, 1.0], [1.0]], 8, mode, lengths_per_rank=[[3, 2, 1], [1]], placement=placement)
+    assert plan.placement == reported and plan.mode == mode
