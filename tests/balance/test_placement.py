@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -167,3 +168,17 @@ def test_byte_accounting_example():
 def test_milp_with_one_node_equals_assignment():
     costs = [[3.0, 1.0], [2.0], [4.0, 1.0, 1.0]]
     assert balance(costs, 8, placement="milp").destinations == balance(costs, 8).destinations
+
+
+def test_group_and_node_bytes_by_hand_for_more_groups_than_ranks():
+    """Three groups over two ranks on one node, and over two nodes of one rank each."""
+    src, size = np.asarray([0, 1, 1, 0]), np.asarray([5.0, 7.0, 1.0, 2.0])
+    a = group_bytes([[0, 1], [2], [3]], src, size, 2)
+    assert a.tolist() == [[5.0, 7.0], [0.0, 1.0], [2.0, 0.0]]
+    assert same_node_bytes(a, 2).tolist() == [[12.0, 12.0], [1.0, 1.0], [2.0, 2.0]]
+    assert same_node_bytes(a, 1).tolist() == a.tolist()
+
+
+def test_place_names_an_unknown_method():
+    with pytest.raises(ValueError, match=r"^unknown placement 'random'; valid placements: assignment, naive, milp$"):
+        place([[0]], np.asarray([0]), np.asarray([1.0]), 1, 1, "random")
