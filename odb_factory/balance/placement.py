@@ -52,14 +52,14 @@ def optimal_edges(a: np.ndarray, perm: np.ndarray) -> np.ndarray:
     complementary slackness the optimal assignments are exactly the perfect matchings of the
     zero-reduced-cost pairs. With integer byte counts all of this is exact integer arithmetic.
     """
-    m = a.shape[0]
+    m = a.shape[0]  # pragma: no mutate, a is square here (one group per rank)
     own = a[np.arange(m), perm]
     step = np.empty_like(a)
     step[perm, :] = own[:, None] - a  # loss of moving the group on rank x to rank r
     v = np.zeros(m)
     for _ in range(m):  # Bellman-Ford, vectorised over edges
         nv = np.minimum(v, (v[:, None] + step).min(axis=0))
-        if np.array_equal(nv, v):
+        if np.array_equal(nv, v):  # pragma: no mutate, an early exit: converged values stay
             break
         v = nv
     reduced = own[:, None] - a + v[perm][:, None] - v[None, :]  # >= 0, 0 on perm

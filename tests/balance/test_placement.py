@@ -182,3 +182,21 @@ def test_group_and_node_bytes_by_hand_for_more_groups_than_ranks():
 def test_place_names_an_unknown_method():
     with pytest.raises(ValueError, match=r"^unknown placement 'random'; valid placements: assignment, naive, milp$"):
         place([[0]], np.asarray([0]), np.asarray([1.0]), 1, 1, "random")
+
+
+@pytest.mark.parametrize("rows, rpn", [
+    # fractional bytes: pairs within half a byte of an optimal one are not all tight (a 0.5
+    # tolerance here ends on the first optimum found, which sends 2 more bytes across nodes)
+    ([[2.25, 3.0, 2.25, 3.0], [2.25, 2.3, 0.0, 2.3], [3.25, 1.25, 2.3, 3.25], [1.25, 3.3, 1.0, 3.3]], 2),
+    # whole bytes at terabyte scale, single bytes apart: exact integers, where a relative 1e-12
+    # tolerance would take pairs one byte off an optimal one as tight
+    ([[2e12, 1e12 + 1, 1e12 + 1, 1e12 + 1], [1e12 + 1, 1e12, 1e12, 1e12],
+      [2e12 + 1, 1e12, 1.0, 1.0], [1e12 + 1, 1e12, 2e12 + 1, 2e12 + 1]], 2),
+])
+def test_assignment_is_lexicographically_optimal_where_near_ties_mislead(rows, rpn):
+    a = np.array(rows, dtype=float)
+    b = same_node_bytes(a, rpn)
+    def keys(perm):
+        return kept_bytes(a, perm), kept_bytes(b, perm)
+    best = max(keys(np.array(p)) for p in itertools.permutations(range(len(rows))))
+    assert keys(assign_groups(a, rpn)) == best
