@@ -192,6 +192,10 @@ def test_place_names_an_unknown_method():
     # tolerance would take pairs one byte off an optimal one as tight
     ([[2e12, 1e12 + 1, 1e12 + 1, 1e12 + 1], [1e12 + 1, 1e12, 1e12, 1e12],
       [2e12 + 1, 1e12, 1.0, 1.0], [1e12 + 1, 1e12, 2e12 + 1, 2e12 + 1]], 2),
+    # fractional bytes: swapping groups 0 and 2 keeps 1e-12 bytes less on their ranks (within
+    # the rounding tolerance, so its pairs count as tight) and 2.5 more on their nodes; the
+    # second key must not cost the first
+    ([[3.5, 0.0, 3.5, 1.25], [0.0, 3.5, 0.0, 0.0], [3.5 - 1e-12, 1.25, 3.5, 0.0], [0.0, 0.0, 0.0, 3.5]], 2),
 ])
 def test_assignment_is_lexicographically_optimal_where_near_ties_mislead(rows, rpn):
     a = np.array(rows, dtype=float)
