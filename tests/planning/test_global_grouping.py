@@ -50,8 +50,16 @@ def _max_group_time(groups, budget):
     return worst
 
 
+def _sparse_round(lengths):
+    """Rank 0 holds one slot per entry of `lengths` (a list of lengths each), rank 1 holds none:
+    fewer non-empty groups than steps once the short samples are grouped together."""
+    return [[[SampleCost(l, 1) for l in slot] for slot in lengths], [[] for _ in lengths]]
+
+
 @settings(max_examples=200)
 @given(rounds())
+@example((_sparse_round([[1000], [10], [10]]), Budget(4096), 1))
+@example((_sparse_round([[3000], [100, 100], [100], [50]]), Budget(4096), 1))
 def test_a_regrouped_round_is_a_permutation_into_the_same_slots(case):
     costs, budget, ranks_per_node = case
     world, slots = len(costs), len(costs[0])
@@ -199,6 +207,17 @@ def test_regroup_round_keeps_the_encoder_caps():
     # packed LPT deals four samples into four groups: the 150-patch sample stays alone
     lone = [[[s(10, 150)], [s(1000, 0)]], [[s(10, 0)], [s(1000, 0)]]]
     assert regroup_round(lone, dataclasses.replace(capped, cost_mode="packed"), seed=None) is not None
+
+
+def test_a_round_with_fewer_groups_than_steps_splits_its_largest_group():
+    """Samples 0-4 of 3000, 100, 100, 100 and 50 tokens in 4 steps: the minimal maximal cost
+    leaves 3000 alone and runs the four short ones together (its cost is under 3000's). Every
+    step must train something, so the largest group splits in halves, {1, 2} and {3, 4}, then
+    the first of the largest again, {1} and {2}; steps go costliest first: {0}, {3, 4} (two
+    rows of 100), {1}, {2}. Rank 0 holds every byte, so it trains every group."""
+    costs = _sparse_round([[3000], [100, 100], [100], [50]])
+    layout = regroup_round(costs, Budget(4096), seed=None)
+    assert layout == [[[(0, 0, 0)], [(0, 2, 0), (0, 3, 0)], [(0, 1, 0)], [(0, 1, 1)]], [[], [], [], []]]
 
 
 def test_a_seed_shuffles_the_rounds_steps():
