@@ -164,9 +164,12 @@ def _lpt_with_room(rest, tokens, bins, budget, cost_model):
 @settings(max_examples=300)
 @given(st.lists(st.sampled_from([1, 7, 8, 16, 50, 64, 100, 128]), min_size=1, max_size=40),
        st.integers(1, 8), st.sampled_from([64, 128, 256]))
+@example([7926, 3206, 2317, 827, 5563, 1869, 720, 1721], 3, 8192)
 def test_packed_regrouping_is_lpt_under_the_token_budget(lengths, bins, budget_tokens):
     """The packed layout's groups, against LPT written as a linear scan (lengths repeat, so
-    ties in cost and exact fits of a group's room happen)."""
+    ties in cost and exact fits of a group's room happen). In the explicit example the
+    least-loaded group lacks the room for a sample another group has (long samples cost more
+    a token), so groups are passed over and must stay candidates."""
     import numpy as np
     from odb_factory.planning.global_grouping import _packed
     budget = Budget(budget_tokens, "packed")
@@ -218,6 +221,15 @@ def test_a_round_with_fewer_groups_than_steps_splits_its_largest_group():
     costs = _sparse_round([[3000], [100, 100], [100], [50]])
     layout = regroup_round(costs, Budget(4096), seed=None)
     assert layout == [[[(0, 0, 0)], [(0, 2, 0), (0, 3, 0)], [(0, 1, 0)], [(0, 1, 1)]], [[], [], [], []]]
+
+
+def test_padded_steps_go_costliest_first_by_their_padded_cost():
+    """Padded groups {1500} and {1000, 10}: as a padding collator computes them, two rows of
+    1000 cost more than one of 1500 (by token sums it is the other way round), so without a
+    seed {1000, 10} is the first step."""
+    layout = regroup_round([[[SampleCost(1500, 1)], [SampleCost(1000, 1), SampleCost(10, 1)]]], Budget(4096),
+                           seed=None)
+    assert layout == [[[(0, 1, 0), (0, 1, 1)], [(0, 0, 0)]]]
 
 
 def test_a_seed_shuffles_the_rounds_steps():
