@@ -232,6 +232,14 @@ def test_padded_steps_go_costliest_first_by_their_padded_cost():
     assert layout == [[[(0, 1, 0), (0, 1, 1)], [(0, 0, 0)]]]
 
 
+def test_packed_steps_go_costliest_first_by_their_token_costs():
+    """Packed LPT puts 10 tokens in one group and 6 + 5 in the other; the two short samples
+    cost more together, so without a seed {6, 5} is the first step."""
+    layout = regroup_round([[[SampleCost(10, 1)], [SampleCost(6, 1), SampleCost(5, 1)]]], Budget(64, "packed", 1),
+                           seed=None)
+    assert layout == [[[(0, 1, 0), (0, 1, 1)], [(0, 0, 0)]]]
+
+
 def test_a_seed_shuffles_the_rounds_steps():
     costs = [[[SampleCost(l, 1)] for l in (4000, 3000, 2000, 1000)], [[SampleCost(l, 1)] for l in (3500, 2500, 1500, 500)]]
     longest_first = regroup_round(costs, Budget(4096), seed=None)
