@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -180,7 +181,6 @@ def test_packed_regrouping_is_lpt_under_the_token_budget(lengths, bins, budget_t
 
 
 def test_regroup_round_edge_cases_by_hand():
-    import pytest
     big = Budget(4096)
     assert regroup_round([], big) is None                                   # no rank
     assert regroup_round([[[SampleCost(10, 1)], []]], big) is None          # fewer samples than steps
@@ -223,21 +223,16 @@ def test_a_round_with_fewer_groups_than_steps_splits_its_largest_group():
     assert layout == [[[(0, 0, 0)], [(0, 2, 0), (0, 3, 0)], [(0, 1, 0)], [(0, 1, 1)]], [[], [], [], []]]
 
 
-def test_padded_steps_go_costliest_first_by_their_padded_cost():
-    """Padded groups {1500} and {1000, 10}: as a padding collator computes them, two rows of
-    1000 cost more than one of 1500 (by token sums it is the other way round), so without a
-    seed {1000, 10} is the first step."""
-    layout = regroup_round([[[SampleCost(1500, 1)], [SampleCost(1000, 1), SampleCost(10, 1)]]], Budget(4096),
-                           seed=None)
-    assert layout == [[[(0, 1, 0), (0, 1, 1)], [(0, 0, 0)]]]
-
-
-def test_packed_steps_go_costliest_first_by_their_token_costs():
-    """Packed LPT puts 10 tokens in one group and 6 + 5 in the other; the two short samples
-    cost more together, so without a seed {6, 5} is the first step."""
-    layout = regroup_round([[[SampleCost(10, 1)], [SampleCost(6, 1), SampleCost(5, 1)]]], Budget(64, "packed", 1),
-                           seed=None)
-    assert layout == [[[(0, 1, 0), (0, 1, 1)], [(0, 0, 0)]]]
+@pytest.mark.parametrize("first, second, budget", [
+    # padded: two rows of 1000 cost more than one of 1500 (by token sums the other way round)
+    ([1500], [1000, 10], Budget(4096)),
+    # packed: LPT puts 10 tokens in one group and 6 + 5 in the other, which cost more together
+    ([10], [6, 5], Budget(64, "packed", 1)),
+])
+def test_steps_go_costliest_first_by_the_budgets_group_cost(first, second, budget):
+    """Without a seed the costlier group, the second slot's, becomes the first step."""
+    costs = [[[SampleCost(l, 1) for l in first], [SampleCost(l, 1) for l in second]]]
+    assert regroup_round(costs, budget, seed=None) == [[[(0, 1, 0), (0, 1, 1)], [(0, 0, 0)]]]
 
 
 def test_a_seed_shuffles_the_rounds_steps():
