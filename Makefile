@@ -31,8 +31,13 @@ $(STAMP): setup.cfg constraints.txt pyproject.toml
 	$(PY) -m odb_factory.install_hook
 	touch $(STAMP)
 
+# Two test processes (pytest-xdist), one test file each at a time: a file's module fixtures
+# are built once, and the multi-process tests leave a core idle while they wait.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PYTEST) tests
 
 # The LLaMA-Factory, contract and vision-stage tests again on transformers 4.57.6 (what most LLaMA-Factory 0.9.x GPU
 # users run), laid over the default environment without touching it.
@@ -44,7 +49,7 @@ $(TF457_STAMP): $(STAMP) constraints-transformers-4.57.txt
 	touch $@
 
 test-transformers-4.57: $(TF457_STAMP)
-	PYTHONPATH=$(CURDIR)/$(TF457) $(PY) -m pytest -q -p no:cacheprovider tests/llamafactory tests/patches tests/encoder_stage
+	PYTHONPATH=$(CURDIR)/$(TF457) $(PYTEST) tests/llamafactory tests/patches tests/encoder_stage
 
 demo: $(STAMP)
 	$(PY) -m odb_factory.demo

@@ -23,6 +23,11 @@ from odb_factory.llamafactory.audit_ledger import read_ledger
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DEMO = REPO.parent / "shared" / "data" / "llamafactory_demo"
 BIN = Path(sys.executable).parent
+NUM_SAMPLES = 96  # tests/conftest.py's demo_data
+
+# groups mode: the end-to-end tests of the paper's batching (coverage ledgers, exact global token mean)
+GROUPS_ODB = {"odb_enable": True, "odb_step": "groups", "odb_loss_scaling": "exact", "odb_token_budget": 768,
+              "odb_buffer_size": 32, "odb_collate_workers": 1}
 
 
 def env(**extra: str) -> Dict[str, str]:
@@ -72,6 +77,15 @@ def train(config: dict, nproc: int = 1, timeout: float = 600, check: bool = True
     if check and proc.returncode != 0:
         raise AssertionError(f"training failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
     return proc
+
+
+def odb_run(tmp_path: Path, model_dir: Path, data_dir: Path, name: str, nproc: int = 1, **overrides):
+    """A groups-mode ODB training under tmp_path/name, with its audit ledger: (output dir, rows)."""
+    out = tmp_path / name
+    config = base_yaml(model_dir, data_dir, out, odb_audit_dir=str(tmp_path / f"{name}_audit"),
+                       **{**GROUPS_ODB, **overrides})
+    train(config, nproc=nproc)
+    return out, ledger(tmp_path / f"{name}_audit")
 
 
 def ledger(audit_dir: Path, max_step: Optional[int] = None) -> List[dict]:

@@ -13,26 +13,14 @@ import time
 import pytest
 
 from tests.helpers import lf_runs
-from tests.helpers.lf_runs import base_yaml, ledger, log_history, train, trained_indices
+from tests.helpers.lf_runs import (GROUPS_ODB, NUM_SAMPLES, base_yaml, ledger, log_history, odb_run, train,
+                                   trained_indices)
 
 pytest.importorskip("llamafactory")
-NUM_SAMPLES = 96  # conftest.demo_data
-
-# groups mode: these tests check the paper's batching (coverage ledgers, exact global token mean)
-ODB = {"odb_enable": True, "odb_step": "groups", "odb_loss_scaling": "exact", "odb_token_budget": 768,
-       "odb_buffer_size": 32, "odb_collate_workers": 1}
-
-
-def _odb_run(tmp_path, tiny_model, demo_data, name, nproc=1, **overrides):
-    out = tmp_path / name
-    config = base_yaml(tiny_model, demo_data, out, odb_audit_dir=str(tmp_path / f"{name}_audit"),
-                       **{**ODB, **overrides})
-    train(config, nproc=nproc)
-    return out, ledger(tmp_path / f"{name}_audit")
 
 
 def test_one_process_two_epochs_schedule_coverage_and_eval(tmp_path, tiny_model, demo_data):
-    out, rows = _odb_run(tmp_path, tiny_model, demo_data, "single", num_train_epochs=2,
+    out, rows = odb_run(tmp_path, tiny_model, demo_data, "single", num_train_epochs=2,
                          gradient_accumulation_steps=2, warmup_ratio=0.1, val_size=0.25,
                          eval_strategy="steps", eval_steps=4, per_device_eval_batch_size=4,
                          report_to="tensorboard", save_strategy="steps", save_steps=1)
@@ -72,7 +60,7 @@ def _resume_in_the_second_epoch(tmp_path, tiny_model, demo_data, out, rows):
     audit = tmp_path / "resumed_audit"
     config = base_yaml(tiny_model, demo_data, tmp_path / "resumed", odb_audit_dir=str(audit),
                        resume_from_checkpoint=str(checkpoint), num_train_epochs=2,
-                       gradient_accumulation_steps=2, warmup_ratio=0.1, val_size=0.25, **ODB)
+                       gradient_accumulation_steps=2, warmup_ratio=0.1, val_size=0.25, **GROUPS_ODB)
     train(config)
     resumed = ledger(audit)
     assert resumed and {r["epoch"] for r in resumed} == {1}
@@ -83,7 +71,7 @@ def _resume_in_the_second_epoch(tmp_path, tiny_model, demo_data, out, rows):
 
 @pytest.mark.parametrize("join", [True, False])
 def test_two_ranks_ddp_join_and_nonjoin(tmp_path, tiny_model, demo_data, join):
-    _, rows = _odb_run(tmp_path, tiny_model, demo_data, f"ddp_join{join}", nproc=2, odb_join=join)
+    _, rows = odb_run(tmp_path, tiny_model, demo_data, f"ddp_join{join}", nproc=2, odb_join=join)
     steps = {rank: [r["step"] for r in rows if r["rank"] == rank] for rank in (0, 1)}
     assert steps[0] == steps[1], "both ranks ran the same optimizer steps"
     indices = trained_indices(rows)
@@ -113,7 +101,7 @@ def test_two_ranks_zero2(tmp_path, tiny_model, demo_data):
         "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
         "zero_allow_untested_optimizer": True, "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
         "zero_optimization": {"stage": 2, "overlap_comm": False, "contiguous_gradients": True}}))
-    _, rows = _odb_run(tmp_path, tiny_model, demo_data, "zero2", nproc=2, deepspeed=str(ds_config),
+    _, rows = odb_run(tmp_path, tiny_model, demo_data, "zero2", nproc=2, deepspeed=str(ds_config),
                        gradient_accumulation_steps=2)
     assert trained_indices(rows) == list(range(NUM_SAMPLES))
 
@@ -126,57 +114,17 @@ def test_without_odb_keys_llamafactory_runs_upstream(tmp_path, tiny_model, demo_
 
 
 def test_disable_switch_turns_the_hook_off(tmp_path, tiny_model, demo_data):
-    config = base_yaml(tiny_model, demo_data, tmp_path / "disabled", max_steps=1, **ODB)
+    config = base_yaml(tiny_model, demo_data, tmp_path / "disabled", max_steps=1, **GROUPS_ODB)
     proc = train(config, check=False, via_cli=True, ODB_FACTORY_DISABLE="1")
     assert proc.returncode != 0
     assert "Some keys are not used by the HfArgumentParser" in proc.stdout + proc.stderr
-
-
-@pytest.fixture(scope="module")
-def trained_start(tmp_path_factory, tiny_model, demo_data):
-    """A briefly trained model: per-token losses then differ widely, so a loss weighted by
-    micro-batch instead of by token would visibly differ from the exact one."""
-    out = tmp_path_factory.mktemp("pretrained") / "start"
-    train(base_yaml(tiny_model, demo_data, out, max_steps=40, learning_rate=5e-3,
-                    per_device_train_batch_size=4, save_strategy="no"))
-    return out
-
-
-FASTEST = {"odb_padding_free": True, "odb_global_grouping": True}  # both, on top of ODB
-
-
-@pytest.mark.parametrize("extra", [{}, FASTEST])
-def test_loss_equals_standard_token_mean_on_the_same_samples(tmp_path, trained_start, demo_data, extra):
-    # ODB: 2 ranks x 2 micro-steps (padding-free rows, regrouped over both ranks: the same); the
-    # logged loss of optimizer step 1 ...
-    out, rows = _odb_run(tmp_path, trained_start, demo_data, "odb_loss", nproc=2,
-                         gradient_accumulation_steps=2, max_steps=1, learning_rate=1e-9,
-                         odb_token_budget=256, **extra)
-    first = [r for r in rows if r["step"] == 1]
-    samples = trained_indices(first)
-    if extra:
-        assert any(h.get("odb/global_grouping_rounds", 0) > 0 for h in log_history(out)), "nothing regrouped"
-    assert len(first) == 2 and len(samples) > 4
-    odb_loss = [h for h in log_history(out) if "loss" in h][0]["loss"]
-    # ... equals a Standard run's loss on exactly those samples in one batch (its per-token mean).
-    rows_json = json.loads((demo_data / "demo.json").read_text())
-    subset_dir = tmp_path / "subset"
-    subset_dir.mkdir()
-    (subset_dir / "demo.json").write_text(json.dumps([rows_json[i] for i in samples]))
-    info = json.loads((demo_data / "dataset_info.json").read_text())
-    (subset_dir / "dataset_info.json").write_text(json.dumps(info))
-    std = tmp_path / "standard_loss"
-    train(base_yaml(trained_start, subset_dir, std, media_dir=str(demo_data), max_steps=1,
-                    per_device_train_batch_size=len(samples), disable_shuffling=True, learning_rate=1e-9))
-    standard_loss = [h for h in log_history(std) if "loss" in h][0]["loss"]
-    assert odb_loss == pytest.approx(standard_loss, abs=2e-4), (odb_loss, standard_loss)
 
 
 def test_kill_and_resume_ledger_equals_uninterrupted(tmp_path, tiny_model, demo_data):
     out = tmp_path / "killed"
     audit_a = tmp_path / "audit_a"
     config = base_yaml(tiny_model, demo_data, out, odb_audit_dir=str(audit_a), save_strategy="steps",
-                       save_steps=3, **ODB)
+                       save_steps=3, **GROUPS_ODB)
     path = tmp_path / "killed.yaml"
     path.write_text(__import__("yaml").safe_dump(config))
     proc = subprocess.Popen([str(lf_runs.BIN / "llamafactory-cli"), "train", str(path)],
@@ -213,39 +161,11 @@ def test_real_llamafactory_demo_data(tmp_path, tiny_model):
                                "assistant_tag": "assistant"}}}))
     out = tmp_path / "real_out"
     config = base_yaml(tiny_model, data_dir, out, dataset="mllm_demo,alpaca_en_demo", max_samples=60,
-                       media_dir=str(demo), odb_audit_dir=str(tmp_path / "real_audit"), **ODB)
+                       media_dir=str(demo), odb_audit_dir=str(tmp_path / "real_audit"), **GROUPS_ODB)
     train(config, nproc=2, via_cli=True)
     rows = ledger(tmp_path / "real_audit")
     mllm = len(json.loads((demo / "mllm_demo.json").read_text()))
     assert trained_indices(rows) == list(range(min(60, mllm) + 60))
-
-
-@pytest.mark.parametrize("deepspeed,stages", [(False, lf_runs.balance_stages()), (True, ["llm"])])
-def test_balancing_keeps_coverage_and_loss(tmp_path, trained_start, demo_data, deepspeed, stages):
-    """Post-balancing only moves samples (LLM stage) and images (vision stage) between
-    ranks within a step: the same samples per optimizer step, the same loss curve, every
-    index once."""
-    extra = {"gradient_accumulation_steps": 2, "max_steps": 4, "learning_rate": 1e-3,
-             "odb_token_budget": 384, "freeze_vision_tower": False}
-    if deepspeed:
-        ds_config = tmp_path / "ds_z2.json"
-        ds_config.write_text(json.dumps({
-            "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
-            "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
-            "zero_allow_untested_optimizer": True, "zero_optimization": {"stage": 2}}))
-        extra["deepspeed"] = str(ds_config)
-    off, rows_off = _odb_run(tmp_path, trained_start, demo_data, "balance_off", nproc=2, **extra)
-    on, rows_on = _odb_run(tmp_path, trained_start, demo_data, "balance_on", nproc=2, odb_balance=True,
-                           odb_balance_stages=stages, **extra)
-    for step in range(1, 5):
-        assert (trained_indices([r for r in rows_on if r["step"] == step])
-                == trained_indices([r for r in rows_off if r["step"] == step]))
-    loss_off = [h["loss"] for h in log_history(off) if "loss" in h]
-    loss_on = [h["loss"] for h in log_history(on) if "loss" in h]
-    assert loss_on == pytest.approx(loss_off, abs=2e-4)
-    history = [h for h in log_history(on) if "odb/balance_max_over_lb" in h]
-    assert history, "balance metrics reach the trainer logs"
-    assert all(h["odb/balance_max_over_lb"] <= h["odb/balance_max_over_lb_before"] + 1e-9 for h in history)
 
 
 def test_a_missing_image_stops_two_ranks_before_training(tmp_path, tiny_model, demo_data):
@@ -257,7 +177,7 @@ def test_a_missing_image_stops_two_ranks_before_training(tmp_path, tiny_model, d
     rows = json.loads((data / "demo.json").read_text())
     missing = [r for r in rows if r.get("images")][-1]["images"][0]
     (data / missing).unlink()
-    config = base_yaml(tiny_model, data, tmp_path / "out", **ODB)
+    config = base_yaml(tiny_model, data, tmp_path / "out", **GROUPS_ODB)
     start = time.time()
     proc = train(config, nproc=2, check=False, timeout=300)
     assert proc.returncode != 0
