@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tests.helpers.distributed import run_world
 from tests.helpers.gradients import summed_grads, worst_rel_err
@@ -142,6 +142,14 @@ def test_plan_names_the_bad_frames(frames, message):
        frame_bytes=st.integers(1, 6), embed=st.integers(1, 6), rpn=st.integers(1, 4),
        how=st.sampled_from([("lpt", None, None), ("lpt", None, "naive"), ("lpt", None, "milp"),
                             ("min_move", 0.0, None), ("min_move", 0.3, None)]))
+# worlds where the placement turns on the bytes' formula (frames x frame_bytes, embeddings x
+# embed_row_bytes, and the embeddings twice): any other weighting moves other clips
+@example(frames=[[], [1575], [], [1919], [30, 4, 2168, 2629]], frame_bytes=2, embed=3, rpn=4,
+         how=("lpt", None, None))
+@example(frames=[[24, 20], [29, 2143, 10, 20], [39, 15], [36, 12, 6, 2261]], frame_bytes=5, embed=5, rpn=4,
+         how=("min_move", 0.0, None))
+@example(frames=[[], [8], [20, 11, 22], [2, 35, 1262, 38], []], frame_bytes=3, embed=1, rpn=4,
+         how=("lpt", None, "milp"))
 def test_plan_is_the_assignment_of_its_costs_and_bytes(frames, frame_bytes, embed, rpn, how):
     """The plan is assign_items over the clips' costs and the bytes each costs to move,
     computed here from the docstring: frames in, embeddings out and their gradients back."""

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from odb_factory import ODBConfig, SampleCost
 from odb_factory.balance.cost_model import QWEN3_VL_LLM
-from odb_factory.planning.global_grouping import apply_layout, regroup_round
+from odb_factory.planning.global_grouping import apply_layout, regroup_round, regroup_slots
 from odb_factory.planning.grouping import Budget, PlannedSample
+from odb_factory.planning.rounds import Slot
 from odb_factory.planning.simulated_world import simulate_epoch
 from tests.planning.test_protocol_properties import worlds
 
@@ -193,6 +194,16 @@ def test_regroup_round_edge_cases_by_hand():
     assert regroup_round([[[SampleCost(5000, 1)]]], big) == [[[(0, 0, 0)]]]
     # packed: 9 + 7 tokens fill a 16-token budget exactly (padded to 8 they would not)
     assert regroup_round([[[SampleCost(9, 1), SampleCost(7, 1)]]], Budget(16, "packed", 8)) is not None
+
+
+def test_a_round_regroup_round_cannot_lay_out_keeps_its_slots():
+    """{5, 5} | {4, 3, 3} fill a 10-token packed budget, but LPT (5, 5, then 4 beside a 5)
+    leaves no room for the last 3: regroup_round gives None, and the round stays as it was."""
+    budget = Budget(10, "packed", 1)
+    samples = [PlannedSample(f"u{k}", k, SampleCost(n, 1)) for k, n in enumerate([5, 5, 4, 3, 3])]
+    slots = [[Slot(tuple(samples[:2]), 3, 0, 2, 2, 10), Slot(tuple(samples[2:]), 3, 1, 3, 3, 10)]]
+    assert regroup_round([[[s.cost for s in slot.samples] for slot in slots[0]]], budget) is None
+    assert regroup_slots(slots, budget, 1, seed="s") == slots
 
 
 def test_regroup_round_keeps_the_encoder_caps():
