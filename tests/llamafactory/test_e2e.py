@@ -21,9 +21,9 @@ pytest.importorskip("llamafactory")
 
 def test_one_process_two_epochs_schedule_coverage_and_eval(tmp_path, tiny_model, demo_data):
     out, rows = odb_run(tmp_path, tiny_model, demo_data, "single", num_train_epochs=2,
-                         gradient_accumulation_steps=2, warmup_ratio=0.1, val_size=0.25,
-                         eval_strategy="steps", eval_steps=4, per_device_eval_batch_size=4,
-                         report_to="tensorboard", save_strategy="steps", save_steps=1)
+                        gradient_accumulation_steps=2, warmup_ratio=0.1, val_size=0.25,
+                        eval_strategy="steps", eval_steps=4, per_device_eval_batch_size=4,
+                        report_to="tensorboard", save_strategy="steps", save_steps=1)
     train_split = NUM_SAMPLES - NUM_SAMPLES // 4
     for epoch in (0, 1):
         assert trained_indices([r for r in rows if r["epoch"] == epoch]) == list(range(train_split))
@@ -102,7 +102,7 @@ def test_two_ranks_zero2(tmp_path, tiny_model, demo_data):
         "zero_allow_untested_optimizer": True, "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
         "zero_optimization": {"stage": 2, "overlap_comm": False, "contiguous_gradients": True}}))
     _, rows = odb_run(tmp_path, tiny_model, demo_data, "zero2", nproc=2, deepspeed=str(ds_config),
-                       gradient_accumulation_steps=2)
+                      gradient_accumulation_steps=2)
     assert trained_indices(rows) == list(range(NUM_SAMPLES))
 
 

@@ -31,8 +31,8 @@ def test_loss_equals_standard_token_mean_on_the_same_samples(tmp_path, trained_s
     # ODB: 2 ranks x 2 micro-steps (padding-free rows, regrouped over both ranks: the same); the
     # logged loss of optimizer step 1 ...
     out, rows = odb_run(tmp_path, trained_start, demo_data, "odb_loss", nproc=2,
-                         gradient_accumulation_steps=2, max_steps=1, learning_rate=1e-9,
-                         odb_token_budget=256, **extra)
+                        gradient_accumulation_steps=2, max_steps=1, learning_rate=1e-9,
+                        odb_token_budget=256, **extra)
     first = [r for r in rows if r["step"] == 1]
     samples = trained_indices(first)
     if extra:
@@ -69,7 +69,7 @@ def test_balancing_keeps_coverage_and_loss(tmp_path, trained_start, demo_data, d
         extra["deepspeed"] = str(ds_config)
     off, rows_off = odb_run(tmp_path, trained_start, demo_data, "balance_off", nproc=2, **extra)
     on, rows_on = odb_run(tmp_path, trained_start, demo_data, "balance_on", nproc=2, odb_balance=True,
-                           odb_balance_stages=stages, **extra)
+                          odb_balance_stages=stages, **extra)
     for step in range(1, 5):
         assert (trained_indices([r for r in rows_on if r["step"] == step])
                 == trained_indices([r for r in rows_off if r["step"] == step]))
