@@ -49,9 +49,11 @@ def weighted_token_sum(logits: torch.Tensor, labels: torch.Tensor, row_weights: 
     like `labels` weigh each token instead (a padding-free row holds several samples)."""
     per_token_weights = row_weights.dim() == labels.dim()
     if shift:
-        logits, labels = logits[..., :-1, :], labels[..., 1:]
+        # the labels move left, not the logits: slicing the logits' last position would copy
+        # all of them (vocabulary × tokens) into the loss; the last position predicts nothing
+        labels = F.pad(labels[..., 1:], (0, 1), value=ignore_index)
         if per_token_weights:
-            row_weights = row_weights[..., 1:]  # a label's weight is its own sample's
+            row_weights = F.pad(row_weights[..., 1:], (0, 1))  # a label's weight is its own sample's
     per_token = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
                                 ignore_index=ignore_index, reduction="none").view(labels.shape)
     if per_token_weights:

@@ -17,7 +17,11 @@ Layout of the row (checked equal to the padded batch in fp64, tests/llamafactory
 - no attention mask, no cache, no `rope_deltas` (generation only); images, videos and their grids
   stay concatenated in sample order, as the collator made them;
 - `odb_token_sample`: per token, the sample it belongs to (-1: the collator's placeholder image,
-  padding), for the per-sample loss weights of `odb_step: samples`.
+  padding), for the per-sample loss weights of `odb_step: samples`;
+- `cu_seq_lens_q/k`, `max_length_q/k`: the segments of the row (each sample, the placeholder,
+  a padding block) as cumulative lengths over the batch's flattened tokens, the keyword arguments
+  transformers models pass down to their attention: flash attention runs them as varlen calls,
+  `odb_factory.segment_attention` as one causal sdpa call per segment, without a mask.
 
 `odb_padding_free_row_tokens` cuts a group into several such rows (each sample whole), the
 shorter rows completed by a padding block of their own: sdpa/eager then build one (row length)²
@@ -133,8 +137,24 @@ def pack_group(batch: Dict[str, Any], lengths: Sequence[int], placeholder: int =
     packed[TOKEN_SAMPLE_KEY] = assemble(
         lambda piece: torch.full((piece[2] - piece[1],), piece[3], dtype=torch.long),
         lambda n: torch.full((n,), -1, dtype=torch.long))
+    packed.update(segment_lengths_kwargs(out_rows, length))
     packed["use_cache"] = False  # a cache makes transformers skip the packed-sequence detection
     return packed
+
+
+def segment_lengths_kwargs(out_rows: Sequence[list], length: int) -> Dict[str, Any]:
+    """FlashAttention's varlen keyword arguments for rows of `length` tokens: every piece, and
+    each row's padding block, a segment of its own, over the rows' tokens laid end to end."""
+    bounds = [0]
+    for r in out_rows:
+        for _, start, end, _ in r:
+            bounds.append(bounds[-1] + end - start)
+        if bounds[-1] % length:  # the row's padding block
+            bounds.append(bounds[-1] + length - bounds[-1] % length)
+    longest = max(b - a for a, b in zip(bounds, bounds[1:]))
+    cumulative = torch.tensor(bounds, dtype=torch.int32)  # flash attention's dtype
+    return {"cu_seq_lens_q": cumulative, "cu_seq_lens_k": cumulative,
+            "max_length_q": longest, "max_length_k": longest}
 
 
 def _first_label_masked(key: str, values: torch.Tensor) -> torch.Tensor:
