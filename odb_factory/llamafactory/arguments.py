@@ -8,8 +8,11 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..config import LF_PREFIX, ODBConfig, lf_defaults, lf_keys, option, typed_dataclass, unknown_key_message
+from .padding_free import padding_free_refusal
 
 SUPPORTED_STAGES = ("sft",)
+PADDING_FREE_CHOICES = ("auto", "true", "false")
+PACKED_ATTENTIONS = ("segments", "mask")
 BALANCE_STAGES = ("llm", "vision", "audio")
 
 
@@ -23,30 +26,43 @@ class AdapterOptions:
         "in the DataLoader workers instead of an upfront `datasets.map`.", agree=False)
     audit_dir: Optional[str] = option(
         None, "Write a per-rank JSONL ledger here (one line per optimizer step).", agree=False)
-    padding_free: bool = option(
-        False, "Train each group as one flattened row without padding (real tokens only; "
-        "position ids restart per sample; transformers builds block-causal attention). Sets "
-        "`odb_cost_mode: packed` and `odb_balance_mode: lpt`. Pays with flash attention on GPU; "
-        "CPU sdpa/eager build a dense (Σ len)² mask. Qwen3-VL, Qwen2.5-VL, Qwen3, Llama.",
-        agree=True)
+    padding_free: str = option(
+        "auto", "`true`: train each group as one flattened row without padding (real tokens only; "
+        "position ids restart per sample; attention per sample: flash varlen, else one causal sdpa "
+        "call per sample, see `odb_packed_attention`). Sets `odb_cost_mode: packed` and "
+        "`odb_balance_mode: lpt`. Qwen3-VL, Qwen2.5-VL, Qwen3, Llama. `auto`: padding-free where "
+        "it pays (those models, per-sample attention, no encoder-stage balancing, no padded cost "
+        "keys set), padded groups otherwise; the start-up log says which and why. `false`: padded "
+        "groups.", agree=True, choices=PADDING_FREE_CHOICES)
+    packed_attention: str = option(
+        "segments", "Attention of a padding-free row where the model does not run flash attention "
+        "(whose varlen kernels are always used): `segments`, one causal sdpa call per sample (Σ len² "
+        "work, no mask); `mask`, transformers' dense (Σ len)² block-causal mask (sdpa/eager).",
+        agree=True, choices=PACKED_ATTENTIONS)
     padding_free_row_tokens: Optional[int] = option(
         None, "With `odb_padding_free`: cut a group into rows of at most this many tokens (each "
-        "sample whole; shorter rows completed by padding of their own), so sdpa/eager build one "
-        "(row length)² mask per row instead of one (Σ len)² mask. None: one row per group.",
-        agree=True, minimum=1)
+        "sample whole; shorter rows completed by padding of their own), so `odb_packed_attention: "
+        "mask` builds one (row length)² mask per row instead of one (Σ len)² mask. None: one row "
+        "per group.", agree=True, minimum=1)
     balance_stages: List[str] = option(
         doc="With `odb_balance`: `llm` (sample exchange in the loader), `vision` (encoder stage, "
         "Qwen3-VL and Qwen2.5-Omni) and/or `audio` (audio encoder stage, Qwen2.5-Omni).",
         agree=True, choices=BALANCE_STAGES, default_factory=lambda: ["llm"])
 
     def __post_init__(self) -> None:
+        # YAML's true/false arrive as the strings "True"/"False"
+        self.padding_free = str(self.padding_free).lower()
+        for key, value, allowed in (("padding_free", self.padding_free, PADDING_FREE_CHOICES),
+                                    ("packed_attention", self.packed_attention, PACKED_ATTENTIONS)):
+            if value not in allowed:
+                raise ValueError(f"odb_{key}: {value!r} is not one of {list(allowed)}")
         for stage in self.balance_stages:
             if stage not in BALANCE_STAGES:
                 raise ValueError(f"odb_balance_stages: {stage!r} is not one of {list(BALANCE_STAGES)}")
         if self.padding_free_row_tokens is not None:
             if self.padding_free_row_tokens < 1:
                 raise ValueError(f"odb_padding_free_row_tokens: {self.padding_free_row_tokens} is below 1")
-            if not self.padding_free:
+            if self.padding_free == "false":
                 raise ValueError("odb_padding_free_row_tokens applies to padding-free groups; set "
                                  "odb_padding_free: true or remove it")
 
@@ -63,6 +79,30 @@ class ODBRunOptions:
     config: ODBConfig
     vision_stage: bool = False     # balance the vision encoder stage inside the model
     audio_stage: bool = False      # balance the audio encoder stage inside the model
+    # `odb_padding_free` decided (None: `auto`, until the model is known) and why
+    padding_free: Optional[bool] = None
+    padding_free_reason: str = ""
+
+    def decide_padding_free(self, model_type: Optional[str], flash_attention: bool) -> bool:
+        """Settle `odb_padding_free: auto` for a model of this type (once; an explicit value or
+        an earlier decision stands); a padding-free run gets the costs it implies."""
+        if self.padding_free is None:
+            refusal = padding_free_refusal(model_type)
+            if refusal is not None:
+                self._set_padding_free(False, f"model type '{model_type}' is not verified for packed rows")
+            elif self.adapter.packed_attention == "mask" and not flash_attention:
+                self._set_padding_free(False, "odb_packed_attention: mask without flash attention builds a "
+                                       "dense (Σ len)² mask per row, which can cost more than the padding")
+            else:
+                self._set_padding_free(True, f"model type '{model_type}' trains packed rows with per-sample "
+                                       "attention, so a group costs its real tokens")
+        return bool(self.padding_free)
+
+    def _set_padding_free(self, on: bool, reason: str) -> None:
+        self.padding_free, self.padding_free_reason = on, reason
+        if on:
+            balance_mode = self.config.balance_mode if self.config.balance_mode in ("lpt", "min_move") else "lpt"
+            self.config = dataclasses.replace(self.config, cost_mode="packed", balance_mode=balance_mode)
 
     def value_of(self, key: str) -> Any:
         """The parsed value of YAML key `key` (e.g. "odb_token_budget")."""
@@ -109,11 +149,28 @@ def parse_odb_arguments(values: Mapping[str, Any]) -> ODBRunOptions:
     requested = typed_dataclass(ODBConfig, {"balance": engine_values.pop("balance", False)},
                                 key_of=key_of).balance
     engine_values["balance"] = requested and "llm" in adapter.balance_stages
-    if adapter.padding_free:
+    if adapter.padding_free == "true":
         engine_values = padding_free_costs(engine_values)
     config = typed_dataclass(ODBConfig, engine_values, base=lf_defaults(), key_of=key_of)
-    return ODBRunOptions(adapter, config, vision_stage=requested and "vision" in adapter.balance_stages,
-                         audio_stage=requested and "audio" in adapter.balance_stages)
+    odb = ODBRunOptions(adapter, config, vision_stage=requested and "vision" in adapter.balance_stages,
+                        audio_stage=requested and "audio" in adapter.balance_stages)
+    decided = auto_padding_free_without_model(odb, engine_values)
+    if decided is not None:
+        odb.padding_free, odb.padding_free_reason = decided
+    return odb
+
+
+def auto_padding_free_without_model(odb: ODBRunOptions, engine_values: Mapping[str, Any]):
+    """(padding-free, why) when the keys alone decide `odb_padding_free`; None when `auto`
+    waits for the model type."""
+    if odb.adapter.padding_free != "auto":
+        return odb.adapter.padding_free == "true", f"odb_padding_free: {odb.adapter.padding_free}"
+    for name, (_, allowed) in PADDING_FREE_COSTS.items():
+        if name in engine_values and str(engine_values[name]) not in allowed:
+            return False, f"odb_{name}: {engine_values[name]} asks for padded groups"
+    if odb.vision_stage or odb.audio_stage:
+        return False, "encoder-stage balancing (odb_balance_stages) runs on padded groups"
+    return None
 
 
 # what a padding-free group costs: its real tokens (grouping) and Σ a·len + b·len² (balancing)
@@ -265,6 +322,7 @@ def check_model(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
     reasons = [r for r in reasons if r]
     if reasons:
         raise ValueError("\n".join(reasons))
+    odb.decide_padding_free(model_type, flash_attention=str(raw.get("flash_attn", "auto")) in ("fa2", "fa3"))
 
 
 # Qwen2.5-Omni's audio tower holds an embedding (audio_bos_eos_token) that no forward uses: with the
@@ -300,10 +358,9 @@ def ddp_unused_parameter_problems(raw: Mapping[str, Any], model_type: Optional[s
 
 def model_refusal(odb: ODBRunOptions, model_type: Optional[str]) -> Optional[str]:
     """Why this run's ODB options cannot train a model of this type (None: they can)."""
-    from .padding_free import padding_free_refusal
     reasons = [vision_stage_refusal(model_type) if odb.vision_stage else None,
                audio_stage_refusal(model_type) if odb.audio_stage else None,
-               padding_free_refusal(model_type) if odb.adapter.padding_free else None]
+               padding_free_refusal(model_type) if odb.adapter.padding_free == "true" else None]
     reasons = [r for r in reasons if r is not None]
     return "\n".join(reasons) if reasons else None
 

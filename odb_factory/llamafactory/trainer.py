@@ -19,6 +19,7 @@ from ..comm.topology import ranks_per_node
 from ..loader import ODBDataLoader
 from ..loss import weighted_token_sum
 from ..planning.optimizer_steps import StandardStep
+from ..segment_attention import FLASH_IMPLEMENTATIONS, decoder_config, packed_attention
 from . import state
 from .arguments import model_refusal
 from .callbacks import ODBCallback
@@ -27,6 +28,11 @@ from .padding_free import PackedCollate
 from .train_loader import LFCollate, OptimizerStepBatch, TrainLoader
 
 logger = logging.getLogger("odb_factory")
+
+PACKED_ATTENTION_WORDS = {
+    "varlen": "per sample through flash attention's varlen kernels",
+    "segments": "per sample, one causal sdpa call each (no mask; odb_packed_attention: segments)",
+    "mask": "through transformers' dense (Σ len)² block-causal mask (odb_packed_attention: mask)"}
 
 
 def token_sum_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
@@ -93,9 +99,24 @@ class ODBTrainerMixin:
         refusal = model_refusal(self._odb, getattr(getattr(model, "config", None), "model_type", None))
         if refusal is not None:  # a hub model id, not checked at parse time
             raise ValueError(refusal)
+        self._odb_packed_attention = self._odb_choose_padding_free(model)
         if self._odb.vision_stage or self._odb.audio_stage:
             self._odb_balance_encoder_stages()
         self._odb_describe_steps()
+
+    def _odb_choose_padding_free(self, model: Any) -> Optional[str]:
+        """Settle `odb_padding_free` (auto: by the model) and switch the model's decoder to the
+        attention packed rows need; logs which and why. Returns that attention (None: padded)."""
+        if model is None:
+            return None
+        flash = getattr(decoder_config(model), "_attn_implementation", None) in FLASH_IMPLEMENTATIONS
+        if not self._odb.decide_padding_free(getattr(model.config, "model_type", None), flash):
+            logger.info("ODB: padded groups (%s)", self._odb.padding_free_reason)
+            return None
+        attention = packed_attention(model, self._odb.adapter.packed_attention)
+        logger.info("ODB: padding-free groups (%s); packed rows attend %s", self._odb.padding_free_reason,
+                    PACKED_ATTENTION_WORDS[attention])
+        return attention
 
     def _odb_resolve_loss_scaling(self) -> str:
         """`standard`: what this run's fixed-batch trainer computes. LLaMA-Factory sets
@@ -184,7 +205,7 @@ class ODBTrainerMixin:
             balance=odb.config.balance)
         standard_steps = self._odb_standard_steps if self._odb_samples_mode else None
         collate = LFCollate(self.data_collator)
-        if odb.adapter.padding_free:
+        if odb.padding_free:
             tokenizer = getattr(self.data_collator, "tokenizer", None)
             collate = PackedCollate(collate, odb.adapter.padding_free_row_tokens,
                                     getattr(tokenizer, "pad_token_id", None) or 0)

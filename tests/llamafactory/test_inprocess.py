@@ -191,7 +191,7 @@ def test_audio_stage_on_a_vision_model_is_refused_at_parse_time(lf, tmp_path, ti
 def test_padding_free_sets_its_costs_and_refuses_contradictions(lf, tmp_path, tiny_model, demo_data):
     from odb_factory.llamafactory import state
     lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, odb_padding_free=True))
-    assert state.current.adapter.padding_free is True
+    assert state.current.adapter.padding_free == "true" and state.current.padding_free is True
     assert (state.current.config.cost_mode, state.current.config.balance_mode) == ("packed", "lpt")
     lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, odb_padding_free=True,
                     odb_balance_mode="min_move"))
@@ -205,10 +205,41 @@ def test_padding_free_sets_its_costs_and_refuses_contradictions(lf, tmp_path, ti
                         odb_balance_mode="padded"))
     with pytest.raises(ValueError, match=r"^odb_padding_free_row_tokens applies to padding-free groups; set "
                                          r"odb_padding_free: true or remove it$"):
-        lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, odb_padding_free_row_tokens=256))
+        lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, odb_padding_free=False,
+                        odb_padding_free_row_tokens=256))
     with pytest.raises(ValueError, match=r"^odb_padding_free_row_tokens: 0 is below 1$"):
         lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, odb_padding_free=True,
                         odb_padding_free_row_tokens=0))
+
+
+def test_padding_free_auto_decides_by_model_and_keys(lf, tmp_path, tiny_model, demo_data):
+    """`odb_padding_free: auto` (the default): padding-free for a verified model, with the costs
+    it implies; padded groups where a key or the model rules it out, each with its reason."""
+    import shutil
+    from odb_factory.llamafactory import state
+
+    def decided(model=tiny_model, **keys):
+        lf[0](base_yaml(model, demo_data, tmp_path / "out", odb_enable=True, **keys))
+        odb = state.current
+        return odb.padding_free, odb.config.cost_mode, odb.padding_free_reason
+
+    assert decided()[:2] == (True, "packed") and "'qwen3_vl' trains packed rows" in decided()[2]
+    assert decided(odb_padding_free="auto")[:2] == (True, "packed")
+    assert decided(odb_padding_free=False) == (False, "padded", "odb_padding_free: false")
+    assert decided(odb_cost_mode="padded") == (False, "padded", "odb_cost_mode: padded asks for padded groups")
+    assert decided(odb_balance=True, odb_balance_stages=["llm", "vision"])[:2] == (False, "padded")
+    mask = decided(odb_packed_attention="mask")
+    assert mask[:2] == (False, "padded") and "dense (Σ len)² mask" in mask[2]
+    assert decided(odb_padding_free=True, odb_packed_attention="mask")[:2] == (True, "packed")
+    other = tmp_path / "other_model"
+    shutil.copytree(tiny_model, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(dict(config, model_type="qwen2_vl")))
+    assert decided(other) == (False, "padded", "model type 'qwen2_vl' is not verified for packed rows")
+    with pytest.raises(ValueError, match=r"^odb_padding_free: 'maybe' is not one of \['auto', 'true', 'false'\]$"):
+        decided(odb_padding_free="maybe")
+    with pytest.raises(ValueError, match=r"^odb_packed_attention: 'dense' is not one of \['segments', 'mask'\]$"):
+        decided(odb_packed_attention="dense")
 
 
 def test_padding_free_on_an_unverified_model_is_refused_at_parse_time(lf, tmp_path, tiny_model, demo_data):

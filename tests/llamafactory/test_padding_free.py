@@ -1,7 +1,8 @@
 """Padding-free groups equal padded groups: in fp64, every sample's loss and every parameter's
 gradient from one packed row (pack_group on LLaMA-Factory's real collator output) equal those of
 the same samples padded, for Qwen3-VL, Qwen2.5-VL and Qwen3 (text, images, multi-image rows,
-video, rows cut at cutoff_len, a group without media) and a text-only Llama."""
+video, rows cut at cutoff_len, a group without media) and a text-only Llama, under both packed
+attentions: transformers' block mask and per-segment sdpa (`odb_factory.segment_attention`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ pytest.importorskip("llamafactory")
 
 from odb_factory.llamafactory.padding_free import (TOKEN_SAMPLE_KEY, pack_group,  # noqa: E402
                                                    padding_free_refusal, token_weights)
+from odb_factory.segment_attention import SEGMENT_ATTENTION, decoder_config, packed_attention  # noqa: E402
 from tests.helpers import lf_runs  # noqa: E402
 
 TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
@@ -106,13 +108,23 @@ def assert_packed_equals_padded(model, collate, features, row_tokens=None):
         assert packed["input_ids"].shape[1] <= max(row_tokens, *lengths)
         assert int((packed[TOKEN_SAMPLE_KEY] >= 0).sum()) == sum(lengths)
     assert "attention_mask" not in packed and packed["use_cache"] is False
+    decoder = decoder_config(model)
+    decoder._attn_implementation = "sdpa"
     loss_padded, grad_padded = _losses_and_grads(model, _fp64(padded), padded_owner, weights)
-    loss_packed, grad_packed = _losses_and_grads(model, _fp64(packed), packed[TOKEN_SAMPLE_KEY], weights)
-    assert torch.allclose(loss_packed, loss_padded, rtol=RELATIVE, atol=0), (loss_packed, loss_padded)
-    assert grad_packed.keys() == grad_padded.keys() and grad_padded
-    for name, grad in grad_padded.items():
-        scale = grad.abs().max().clamp(min=1e-300)
-        assert float((grad_packed[name] - grad).abs().max() / scale) <= RELATIVE, name
+    # the packed row under both attentions of odb_packed_attention (transformers' dense block mask,
+    # then one causal sdpa call per segment), and the padded batch again under the second
+    checks = [("mask", packed, packed[TOKEN_SAMPLE_KEY]), ("segments", packed, packed[TOKEN_SAMPLE_KEY]),
+              ("segments", padded, padded_owner)]
+    for attention, batch, owner in checks:
+        assert packed_attention(model, attention) == attention
+        assert decoder._attn_implementation == {"mask": "sdpa", "segments": SEGMENT_ATTENTION}[attention]
+        loss, grads = _losses_and_grads(model, _fp64(batch), owner, weights)
+        assert torch.allclose(loss, loss_padded, rtol=RELATIVE, atol=0), (attention, loss, loss_padded)
+        assert grads.keys() == grad_padded.keys() and grad_padded
+        for name, grad in grad_padded.items():
+            scale = grad.abs().max().clamp(min=1e-300)
+            assert float((grads[name] - grad).abs().max() / scale) <= RELATIVE, (attention, name)
+    decoder._attn_implementation = "sdpa"
     return packed
 
 
@@ -202,14 +214,18 @@ def test_pack_group_layout_and_errors():
     assert packed["position_ids"].shape == (4, 1, 5)
     assert packed["position_ids"][0, 0].tolist() == [0, 1, 2, 0, 1]
     assert packed[TOKEN_SAMPLE_KEY].tolist() == [[0, 0, 0, 1, 1]]
+    assert packed["cu_seq_lens_q"].tolist() == [0, 3, 5] and packed["cu_seq_lens_q"].dtype == torch.int32
+    assert packed["cu_seq_lens_k"] is packed["cu_seq_lens_q"] and packed["max_length_q"] == packed["max_length_k"] == 3
     assert "rope_deltas" not in packed and packed["pixel_values"] is batch["pixel_values"]
     two_rows = pack_group(batch, [3, 2], row_tokens=3, pad_token_id=0)
     assert two_rows["input_ids"].tolist() == [[5, 6, 7], [8, 9, 0]]
     assert two_rows["labels"].tolist() == [[-100, 6, 7], [-100, 9, -100]]
     assert two_rows[TOKEN_SAMPLE_KEY].tolist() == [[0, 0, 0], [1, 1, -1]]
+    assert two_rows["cu_seq_lens_q"].tolist() == [0, 3, 5, 6]  # the second row's padding: a segment of its own
     assert two_rows["position_ids"].shape == (4, 2, 3) and two_rows["position_ids"][0].tolist() == [[0, 1, 2], [0, 1, 0]]
     with_placeholder = pack_group(batch, [2, 2], placeholder=1)
     assert with_placeholder[TOKEN_SAMPLE_KEY].tolist() == [[0, 0, 1, 1, -1]]
+    assert with_placeholder["cu_seq_lens_q"].tolist() == [0, 2, 4, 5]
     assert with_placeholder["labels"].tolist() == [[-100, 6, -100, 9, -100]]
     assert token_weights([0.5, 2.0], with_placeholder[TOKEN_SAMPLE_KEY]).tolist() == [[0.5, 0.5, 2.0, 2.0, 0.0]]
     left = dict(batch, attention_mask=torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1]]))
@@ -222,3 +238,32 @@ def test_pack_group_layout_and_errors():
 def test_refusal_names_the_supported_models():
     assert padding_free_refusal("qwen3_vl") is None
     assert "gemma3" in padding_free_refusal("gemma3") and "odb_padding_free: false" in padding_free_refusal("gemma3")
+
+
+def test_segment_attention_rows_and_refusals():
+    """Several rows laid end to end equal each row alone; what cannot be a packed row is refused."""
+    from odb_factory.segment_attention import segment_attention_forward
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 2, True
+    query, key, value = torch.randn(2, 4, 6, 8).double(), torch.randn(2, 2, 6, 8).double(), torch.randn(2, 2, 6, 8).double()
+    bounds = torch.tensor([0, 2, 6, 9, 12], dtype=torch.int32)  # row 0: 2 + 4 tokens; row 1: 3 + 3
+    out, weights = segment_attention_forward(module, query, key, value, None, cu_seq_lens_q=bounds)
+    assert weights is None and out.shape == (2, 6, 4, 8)
+    for row, cuts in ((0, (0, 2, 6)), (1, (0, 3, 6))):
+        for start, end in zip(cuts, cuts[1:]):
+            alone = F.scaled_dot_product_attention(query[row:row + 1, :, start:end],
+                                                   key[row:row + 1, :, start:end].repeat_interleave(2, 1),
+                                                   value[row:row + 1, :, start:end].repeat_interleave(2, 1),
+                                                   is_causal=True)
+            assert torch.allclose(out[row, start:end], alone[0].transpose(0, 1), rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match=r"cu_seq_lens_q \[0, 2, 6\] does not cut the 2x6 tokens"):
+        segment_attention_forward(module, query, key, value, None, cu_seq_lens_q=torch.tensor([0, 2, 6]))
+    with pytest.raises(ValueError, match="carries no attention mask"):
+        segment_attention_forward(module, query, key, value, torch.ones(2, 1, 6, 6, dtype=torch.bool),
+                                  cu_seq_lens_q=bounds)
+    with pytest.raises(ValueError, match="share their segments"):
+        segment_attention_forward(module, query, key, value, None, cu_seq_lens_q=bounds,
+                                  cu_seq_lens_k=torch.tensor([0, 12], dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="sliding-window"):
+        segment_attention_forward(module, query, key, value, None, cu_seq_lens_q=bounds, sliding_window=4)
