@@ -58,10 +58,12 @@ def segment_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     def tokens_along_dim2(t: torch.Tensor) -> torch.Tensor:  # (batch, h, len, d) -> (1, h, batch*len, d)
         return t if batch == 1 else t.transpose(0, 1).reshape(1, t.shape[1], batch * length, t.shape[-1])
 
-    q, k, v = tokens_along_dim2(query), tokens_along_dim2(key), tokens_along_dim2(value)
-    pieces = [sdpa_attention_forward(module, q[:, :, start:end], k[:, :, start:end], v[:, :, start:end],
-                                     None, dropout=dropout, scaling=scaling, is_causal=causal)[0]
-              for start, end in zip(bounds[:-1], bounds[1:]) if end > start]
+    # split, not slices: the backward of a split is one concatenation, while each slice's
+    # backward would write its gradient into a zero tensor the size of the whole row
+    sizes = [end - start for start, end in zip(bounds[:-1], bounds[1:]) if end > start]
+    splits = [tokens_along_dim2(t).split(sizes, dim=2) for t in (query, key, value)]
+    pieces = [sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=causal)[0]
+              for q, k, v in zip(*splits)]
     return torch.cat(pieces, dim=1).reshape(batch, length, heads, dim), None
 
 
