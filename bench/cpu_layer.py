@@ -1,18 +1,21 @@
 """The measured CPU layer of issue-level claims: what `odb_enable: true` alone does to a text
 model's training time where it runs here, beside Standard and ODB's other attentions.
 
-    python -m bench.cpu_layer [--repeats N] [--samples N] [--accumulation 8]
+    python -m bench.cpu_layer [--repeats N] [--samples N] [--accumulation 8] [--cells ..] [--methods ..]
 
 Real LLaMA-Factory training (`run_exp`, what `llamafactory-cli train` calls; all runs of one data
 set in one torchrun, bench/lf_multi_run.py) on 2 CPU ranks (gloo) of a random text-only Qwen3
 built here (hidden 256, 4 layers, intermediate 2048: 8 M parameters; compute, not framework
 overhead, dominates its steps), on LLaMA-Factory's real `alpaca_en_demo` instruction rows from
-shared/data, cut at two `cutoff_len`s:
-  short   cutoff 128 tokens (most rows cut: short instruction rows)
-  long    cutoff 1024 tokens (rows whole: mean ~300 tokens, length CV ~0.8)
+shared/data, cut at two `cutoff_len`s, and the tiny Qwen3 (hidden 64, 2 layers), whose steps are
+mostly a micro-batch's fixed cost:
+  short              8 M model, cutoff 128 tokens (most rows cut: short instruction rows)
+  long               8 M model, cutoff 1024 tokens (rows whole: mean ~300 tokens, length CV ~0.8)
+  tiny model, short  tiny Qwen3, cutoff 128 tokens
 
 Methods, one epoch each over the same training split, batch 1 per device × `--accumulation`:
   Standard                   LLaMA-Factory as it is
+  Standard, batch = accum.   the same samples per optimizer step as one padded micro-batch per rank
   ODB default                `odb_enable: true` and nothing else (auto: padding-free rows, per-segment attention)
   ODB default, eager         the same with `odb_lazy_preprocess: false`: rows tokenised before training, as
                              Standard's are (train_runtime then leaves the tokenisation out for both)
@@ -34,27 +37,40 @@ from pathlib import Path
 from typing import Dict, List
 
 
-from .measured_runs import run_all
+import numpy as np
+
+from .measured_runs import run_all, step_rows
+from .solvers import scaled_nnls
 from .tables import md_table
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / ".cache" / "bench_cpu_layer"
 MODEL = REPO / ".cache" / "cpu_layer_qwen3"
 DEMO = REPO.parent / "shared" / "data" / "llamafactory_demo"
-CUTOFFS = {"short": 128, "long": 1024}
-METHODS = {"Standard": {},
-           "ODB default": {"odb_enable": True},
-           "ODB default, eager preprocessing": {"odb_enable": True, "odb_lazy_preprocess": False},
-           "ODB padded": {"odb_enable": True, "odb_padding_free": False},
-           "ODB padding-free + mask": {"odb_enable": True, "odb_padding_free": True, "odb_packed_attention": "mask"}}
+# cell -> (model, cutoff_len): the compute-dominated model on short and long rows, and the tiny
+# Qwen3 (hidden 64, 2 layers: a micro-batch's fixed cost dominates its steps) on short rows
+CELLS = {"short": ("8M", 128), "long": ("8M", 1024), "tiny model, short": ("tiny", 128)}
+# method -> (label, keys); "standard_batch": Standard's optimizer steps as one micro-batch of
+# `accumulation` samples per rank (the same samples per step; the same model for a text model,
+# whose loss is the step's global token mean), padded as LLaMA-Factory pads
+METHODS = {"standard": ("Standard", {}),
+           "standard_batch": ("Standard, batch = accumulation", {}),
+           "odb": ("ODB default", {"odb_enable": True}),
+           "odb_eager": ("ODB default, eager preprocessing", {"odb_enable": True, "odb_lazy_preprocess": False}),
+           "odb_padded": ("ODB padded", {"odb_enable": True, "odb_padding_free": False}),
+           "odb_mask": ("ODB padding-free + mask", {"odb_enable": True, "odb_padding_free": True,
+                                                    "odb_packed_attention": "mask"})}
 LAYER_CONFIG = {"hidden_size": 256, "intermediate_size": 2048, "num_hidden_layers": 4, "num_attention_heads": 4,
                 "num_key_value_heads": 2, "head_dim": 64}
 
 
-def build_model() -> Path:
-    """The tiny Qwen3's tokenizer and template with a compute-dominated text tower."""
+def build_model(kind: str) -> Path:
+    """The tiny Qwen3 ("tiny"), or its tokenizer and template with a compute-dominated text
+    tower ("8M")."""
     from odb_factory.demo import tiny_qwen3
     from odb_factory.demo.tiny_model import build_tiny
+    if kind == "tiny":
+        return tiny_qwen3.build_tiny_qwen3(REPO / ".cache" / "tiny_qwen3", seed=0)
 
     def make_config(tok):
         config, ids = tiny_qwen3._make_config(tok)
@@ -74,37 +90,82 @@ def data_dir() -> Path:
     return out
 
 
-def config(method: str, cutoff: int, samples: int, accumulation: int, out: Path) -> dict:
-    return {"model_name_or_path": str(MODEL), "trust_remote_code": True, "stage": "sft", "do_train": True,
+def config(method: str, model: Path, cutoff: int, samples: int, accumulation: int, out: Path) -> dict:
+    batch, steps = (accumulation, 1) if method == "standard_batch" else (1, accumulation)
+    return {"model_name_or_path": str(model), "trust_remote_code": True, "stage": "sft", "do_train": True,
             "finetuning_type": "full", "dataset": "alpaca_en_demo", "dataset_dir": str(data_dir()),
             "template": "qwen3_nothink", "cutoff_len": cutoff, "max_samples": samples, "val_size": 0.1,
             "do_eval": True, "eval_strategy": "no", "per_device_eval_batch_size": 4,
             "preprocessing_num_workers": 1, "dataloader_num_workers": 1, "output_dir": str(out),
             "overwrite_output_dir": True, "save_strategy": "no", "logging_steps": 1, "report_to": "none",
-            "per_device_train_batch_size": 1, "gradient_accumulation_steps": accumulation,
+            "per_device_train_batch_size": batch, "gradient_accumulation_steps": steps,
             "learning_rate": 1e-4, "num_train_epochs": 1, "lr_scheduler_type": "cosine", "seed": 3,
-            "use_cpu": True, "bf16": False, "disable_gradient_checkpointing": True, **METHODS[method]}
+            "use_cpu": True, "bf16": False, "disable_gradient_checkpointing": True, **METHODS[method][1]}
 
 
-def measure(repeats: int, samples: int, accumulation: int) -> List[dict]:
-    build_model()
+def run_dir(cell: str, method: str, repeat: int) -> Path:
+    return RUNS / f"{cell.replace(' ', '_').replace(',', '')}_{method}_r{repeat}"
+
+
+def priced_steps(method: str, out: Path) -> List[dict]:
+    """The run's `training_step` calls (bench/lf_multi_run.py), attention priced as the run's
+    attention computes it: a packed row under the dense mask costs (Σ len)², not Σ len²."""
+    rows = step_rows(out)
+    if method == "odb_mask":
+        rows = [dict(r, sum_sq=r["tokens"] ** 2 / max(1, r["micro_batches"])) for r in rows]
+    return rows
+
+
+def prediction_check(rows: List[dict]) -> List[Dict[str, object]]:
+    """The step model's form (c0 per micro-batch + a·tokens + b·attention, NNLS) fitted per cell
+    on every method's steps of the other repeats, then each method's train time of the last
+    repeat predicted from its steps: predicted vs measured ratio to Standard."""
+    out = []
+    for cell in CELLS:
+        mine = [r for r in rows if r["cell"] == cell]
+        if not mine:
+            continue
+        held = max(r["repeat"] for r in mine)
+        steps = {(r["method"], r["repeat"]): priced_steps(r["method"], run_dir(cell, r["method"], r["repeat"]))
+                 for r in mine}
+        fit = [s for (_, repeat), calls in steps.items() if repeat != held for s in calls]
+        columns = ("micro_batches", "tokens", "sum_sq")
+        coef = scaled_nnls(np.array([[s[k] for k in columns] for s in fit], dtype=float),
+                           np.array([s["time_s"] for s in fit]))
+
+        def predicted(method: str) -> float:
+            return float(sum(np.dot(coef, [s[k] for k in columns]) for s in steps[(method, held)]))
+
+        def measured(method: str) -> float:
+            return float(sum(s["time_s"] for s in steps[(method, held)]))
+        for method in sorted({r["method"] for r in mine if r["repeat"] == held} - {"standard"}):
+            want = measured("standard") / measured(method)
+            got = predicted("standard") / predicted(method)
+            out.append({"rows": cell, "method": METHODS[method][0], "measured × Standard": f"{want:.2f}",
+                        "predicted × Standard": f"{got:.2f}", "error": f"{got / want - 1:+.0%}"})
+    return out
+
+
+def measure(cells: List[str], methods: List[str], repeats: int, samples: int, accumulation: int) -> List[dict]:
     rows = []
-    for data, cutoff in CUTOFFS.items():
+    for cell in cells:
+        kind, cutoff = CELLS[cell]
+        model = build_model(kind)
         plan, configs = [], []
-        order = random.Random(f"cpu-layer:{data}")
+        order = random.Random(f"cpu-layer:{cell}")
         for repeat in range(repeats):
-            methods = list(METHODS)
-            order.shuffle(methods)
-            for method in methods:
-                out = RUNS / f"{data}_{method.replace(' ', '_').replace('+', 'and')}_r{repeat}"
+            shuffled = list(methods)
+            order.shuffle(shuffled)
+            for method in shuffled:
+                out = run_dir(cell, method, repeat)
                 plan.append((method, repeat, out))
-                configs.append(config(method, cutoff, samples, accumulation, out))
-        print(f"[cpu layer] {data} rows: {len(configs)} runs in one torchrun", file=sys.stderr, flush=True)
-        run_all(configs, RUNS / f"{data}.log")
+                configs.append(config(method, model, cutoff, samples, accumulation, out))
+        print(f"[cpu layer] {cell}: {len(configs)} runs in one torchrun", file=sys.stderr, flush=True)
+        run_all(configs, RUNS / f"{cell.replace(' ', '_').replace(',', '')}.log")
         for method, repeat, out in plan:
             results = json.loads((out / "all_results.json").read_text())
             steps = json.loads((out / "trainer_state.json").read_text())["global_step"]
-            rows.append({"data": data, "method": method, "repeat": repeat,
+            rows.append({"cell": cell, "method": method, "repeat": repeat,
                          "train_s": float(results["train_runtime"]), "eval_loss": results.get("eval_loss"),
                          "optimizer_steps": steps})
     return rows
@@ -112,15 +173,19 @@ def measure(repeats: int, samples: int, accumulation: int) -> List[dict]:
 
 def table(rows: List[dict]) -> List[Dict[str, object]]:
     out = []
-    for data in CUTOFFS:
-        mine = [r for r in rows if r["data"] == data]
-        standard = {r["repeat"]: r for r in mine if r["method"] == "Standard"}
-        for method in METHODS:
-            runs = [r for r in mine if r["method"] == method]
+    for cell in CELLS:
+        mine = [r for r in rows if r["cell"] == cell]
+        standard = {r["repeat"]: r for r in mine if r["method"] == "standard"}
+        if not standard:
+            continue
+        std_loss = statistics.median(s["eval_loss"] for s in standard.values())
+        for method, (label, _) in METHODS.items():
+            runs = [r for r in mine if r["method"] == method and r["repeat"] in standard]
+            if not runs:
+                continue
             ratios = [standard[r["repeat"]]["train_s"] / r["train_s"] for r in runs]
             losses = [r["eval_loss"] for r in runs]
-            std_loss = statistics.median(s["eval_loss"] for s in standard.values())
-            out.append({"rows": data, "method": method, "repeats": len(runs),
+            out.append({"rows": cell, "method": label, "repeats": len(runs),
                         "train s, median": f"{statistics.median(r['train_s'] for r in runs):.1f}",
                         "× Standard, median [min, max]": f"{statistics.median(ratios):.2f} "
                                                          f"[{min(ratios):.2f}, {max(ratios):.2f}]",
@@ -133,14 +198,22 @@ def table(rows: List[dict]) -> List[Dict[str, object]]:
 def main(argv=None) -> List[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--samples", type=int, default=240)
     parser.add_argument("--accumulation", type=int, default=8)
+    parser.add_argument("--cells", default=",".join(CELLS), help=f"comma-separated, of {list(CELLS)}")
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {list(METHODS)}")
+    parser.add_argument("--name", default="runs", help="the runs are written to .cache/bench_cpu_layer/NAME.jsonl")
     args = parser.parse_args(argv)
-    rows = measure(args.repeats, args.samples, args.accumulation)
+    methods = ["standard"] + [m for m in args.methods.split(",") if m != "standard"]
+    rows = measure(args.cells.split(","), methods, args.repeats, args.samples, args.accumulation)
     RUNS.mkdir(parents=True, exist_ok=True)
-    (RUNS / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (RUNS / f"{args.name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     lines = table(rows)
     print(md_table(lines, [(k, k) for k in lines[0]]))
+    if args.repeats > 1:
+        check = prediction_check(rows)
+        print("\nThe step model (training_step time, compute only) against the last repeat:\n")
+        print(md_table(check, [(k, k) for k in check[0]]))
     return lines
 
 

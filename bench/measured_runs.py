@@ -86,10 +86,11 @@ def method_config(method: str, base: dict, matched_batch, out: Path) -> dict:
     elif method == "group_by_length":
         config.update(per_device_train_batch_size=matched_batch, gradient_accumulation_steps=1,
                       train_sampling_strategy="group_by_length")
-    elif method == "ODB groups":
-        config.update(odb, odb_step="groups", odb_loss_scaling="exact", gradient_accumulation_steps=1)
+    elif method == "ODB groups":  # padded groups: the paper's method (odb_padding_free's default is auto)
+        config.update(odb, odb_step="groups", odb_loss_scaling="exact", gradient_accumulation_steps=1,
+                      odb_padding_free=False)
     elif method == "ODB samples":
-        config.update(odb, odb_step="samples")
+        config.update(odb, odb_step="samples", odb_padding_free=False)
     elif method == "ODB padding-free":
         config.update(odb, odb_step="samples", odb_padding_free=True)
     elif method != STANDARD:

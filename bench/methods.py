@@ -311,5 +311,6 @@ def post_balance(s: Schedule, p: Profile, token_cost: Callable, cap_tokens: int,
     name = s.method + ("_balanced_2stage" if encoder_stage else "_balanced")
     cap = ", memory cap" if mode == "padded" else ""
     note = s.note + f", post-balanced ({mode}{cap})" + (" + encoder stage" if encoder_stage else "")
-    return Schedule(name, s.world, steps, s.accumulation, s.cost_mode, s.expected_samples, note,
+    return Schedule(name, s.world, steps, s.accumulation, s.cost_mode, s.expected_samples,
+                    step_ends=s.step_ends, note=note,
                     extra={"max_over_lb": ratios, "encoder_balanced": encoder_stage})

@@ -23,8 +23,8 @@ from typing import List
 from .measured import RUNS, STANDARD_RECIPE, train
 from .step_modes import SAMPLES_RECIPE, _spread, markdown, train_samples
 
-MODES = {"standard": (STANDARD_RECIPE, {}), "padded": (SAMPLES_RECIPE, {}),
-         "padding_free": (SAMPLES_RECIPE, {"odb_padding_free": True})}
+MODES = {"standard": (STANDARD_RECIPE, {}), "padded": (SAMPLES_RECIPE, {"odb_padding_free": False}),
+         "padding_free": (SAMPLES_RECIPE, {"odb_padding_free": True, "odb_packed_attention": "mask"})}
 LEDGER = RUNS / "padding_free.jsonl"
 
 

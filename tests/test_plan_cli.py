@@ -29,7 +29,8 @@ def _roundup(n: int, m: int = PAD) -> int:
 def _recipe(tiny_model, demo_data, tmp_path) -> Path:
     config = base_yaml(tiny_model, demo_data, tmp_path / "out", cutoff_len=CUTOFF,
                        per_device_train_batch_size=BATCH, gradient_accumulation_steps=ACCUMULATION,
-                       odb_enable=True, odb_step="samples", odb_token_budget=BUDGET)
+                       odb_enable=True, odb_step="samples", odb_token_budget=BUDGET,
+                       odb_padding_free=False)  # padded figures, computed independently below
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -72,7 +73,7 @@ def runs(tiny_model, demo_data, tmp_path_factory):
     recipe = _recipe(tiny_model, demo_data, tmp)
     full = _plan(tmp / "full", str(recipe), "--world-size", str(WORLD), "--json", str(tmp / "plan.json"))
     sampled = _plan(tmp / "sampled", str(recipe), "--world-size", str(WORLD), "--rows", "40", "--json", "-",
-                    "--workers", "1")
+                    "--workers", "1", "odb_padding_free=auto")
     try:
         lengths = _eager_lengths(tiny_model, demo_data, tmp / "eager")
     except BaseException:
@@ -139,8 +140,11 @@ def test_plan_figures_match_an_independent_computation(demo_data, runs):
     suggested = plan["suggested_token_budget"]["value"]
     assert suggested >= max(kept) and suggested % 256 == 0
 
+    assert (plan["settings"]["odb_padding_free"], plan["settings"]["odb_padding_free_reason"]) == \
+        (False, "odb_padding_free: false")
     text = proc.stdout
     assert f"{len(cut)} rows cut by cutoff_len {CUTOFF}" in text
+    assert "padded groups (odb_padding_free: false)" in text
     table = {line[:30].strip(): line[30:].split() for line in text.splitlines() if line[:30].strip()}
     assert table["optimizer steps"] == [str(standard["optimizer_steps"]), str(samples["optimizer_steps"]),
                                         str(groups["optimizer_steps"])]
@@ -155,6 +159,11 @@ def test_sampled_rows_plan_the_whole_epoch(runs):
     assert plan["rows"]["training_rows"] == rows
     assert plan["plan"]["standard"]["optimizer_steps"] == math.ceil(rows / (WORLD * BATCH * ACCUMULATION))
     assert plan["plan"]["groups"]["samples"] == rows
+    # auto on the tiny Qwen3-VL: padding-free groups, whose budget counts real tokens
+    settings = plan["settings"]
+    assert (settings["odb_padding_free"], settings["odb_cost_mode"], settings["packed_attention"]) == \
+        (True, "packed", "segments")
+    assert "'qwen3_vl' trains packed rows" in settings["odb_padding_free_reason"]
     # the cut rows listed are measured ones, with their own numbers
     for row in plan["cut_by_cutoff_len"]["first"]:
         assert eager_lengths[row] > CUTOFF

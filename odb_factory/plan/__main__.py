@@ -112,13 +112,16 @@ def make_plan(a: argparse.Namespace) -> dict:
     cfg = dataclasses.replace(r.planning_config(), vision_token_ids=data.vision_token_ids,
                               spatial_merge_size=data.spatial_merge_size)
     schedules = report.mode_schedules(rows, cfg, a.world_size)
-    feats = {name: features(s, rows) for name, s in schedules.items()}
+    attention = r.packed_attention
+    feats = {name: features(s, rows, attention) for name, s in schedules.items()}
     spec = speedup.model_spec(data.model_config, r.finetuning_args.lora_rank, r.model_args.trust_remote_code)
     finetuning = r.finetuning_args.finetuning_type
     model = speedup.step_model(spec, hw, finetuning)
     predicted = speedup.predicted(feats["standard"], {m: feats[m] for m in ("samples", "groups")}, rows, model)
+    faster = faster_setting(r, cfg, rows, schedules["standard"], feats["standard"], predicted, model, a.world_size,
+                            getattr(data.model_config, "model_type", None))
     suggestion = budget.suggest(rows, cfg, a.world_size, cfg.step_mode, schedules["standard"],
-                                costs_of(rows), model)
+                                costs_of(rows), model, attention)
     args, data_args = r.training_args, r.data_args
     return {
         "recipe": str(a.recipe), "overrides": list(a.overrides),
@@ -128,6 +131,8 @@ def make_plan(a: argparse.Namespace) -> dict:
             "max_steps": args.max_steps, "cutoff_len": data_args.cutoff_len,
             "odb_enable": r.odb_enabled, "odb_step": cfg.step_mode, "odb_token_budget": cfg.token_budget,
             "odb_cost_mode": cfg.cost_mode, "odb_buffer_size": cfg.buffer_size, "odb_join": cfg.join,
+            "odb_padding_free": bool(r.odb.padding_free), "odb_padding_free_reason": r.odb.padding_free_reason,
+            "packed_attention": attention,
             "odb_over_budget": cfg.over_budget, "odb_max_vision_patches": cfg.max_vision_patches,
             "pad_to_multiple_of": cfg.pad_to_multiple_of, "seed": cfg.seed, "set_aside": r.set_aside,
             "odb_balance": r.odb.value_of("odb_balance")},
@@ -143,12 +148,38 @@ def make_plan(a: argparse.Namespace) -> dict:
         "plan": {name: report.batching_figures(schedules[name], feats[name], cfg.pad_to_multiple_of)
                  for name in ("standard", "samples", "groups")},
         "speedup": {**predicted, "step_model": speedup.describe(spec, hw, model, finetuning),
-                    "band": speedup.BAND},
+                    "band": speedup.BAND, "faster_setting": faster},
         "suggested_token_budget": suggestion,
         "seconds": {"recipe_and_data": loaded - started, "pipeline": measured.seconds,
                     "planning": time.perf_counter() - loaded - measured.seconds,
                     "total": time.perf_counter() - started},
     }
+
+
+def faster_setting(r, cfg, rows, standard, standard_features, predicted, model, world: int,
+                   model_type: Optional[str]) -> Optional[dict]:
+    """Where the recipe's ODB mode is predicted slower than Standard: the setting that would be
+    faster (padding-free groups, or per-segment attention for packed rows) and its prediction;
+    None when the recipe is not predicted slower or no such setting helps."""
+    from ..llamafactory.padding_free import padding_free_refusal
+    from ..simulation.pricing import features
+    from ..simulation.schedules import costs_of
+    from . import report, speedup
+    mode = cfg.step_mode
+    ours = predicted[mode]["speedup"]
+    if ours is None or ours >= 1.0:
+        return None
+    if cfg.cost_mode == "padded" and padding_free_refusal(model_type) is None:
+        setting, other = "odb_padding_free: true", dataclasses.replace(cfg, cost_mode="packed", balance_mode="lpt")
+    elif cfg.cost_mode == "packed" and r.packed_attention == "mask":
+        setting, other = "odb_packed_attention: segments", cfg
+    else:
+        return None
+    schedule = report.schedule_for(mode, other, world, standard, costs_of(rows))
+    theirs = speedup.predicted(standard_features, {mode: features(schedule, rows, "segments")}, rows, model)[mode]
+    if theirs["speedup"] is None or theirs["speedup"] <= ours:
+        return None
+    return {"mode": mode, "speedup": ours, "setting": setting, "setting_speedup": theirs["speedup"]}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -40,6 +40,14 @@ class Recipe:
     accumulation: int              # the recipe's gradient_accumulation_steps
     set_aside: List[str]           # device-only keys not applied to the dry run
 
+    @property
+    def packed_attention(self) -> str:
+        """How the run's packed rows would attend: per sample under flash attention or
+        `odb_packed_attention: segments`, else through a dense block mask."""
+        if str(self.raw.get("flash_attn", "auto")) in ("fa2", "fa3"):
+            return "segments"
+        return self.odb.adapter.packed_attention
+
     def planning_config(self, step_mode: Optional[str] = None) -> ODBConfig:
         """The engine configuration the run's loader would get (the fields LLaMA-Factory owns
         filled in as the trainer fills them); the model-dependent vision fields are added by

@@ -47,6 +47,11 @@ def text(plan: dict) -> str:
     out.append(f"  odb_step {s['odb_step']}, odb_token_budget {s['odb_token_budget']}, odb_cost_mode "
                f"{s['odb_cost_mode']}, odb_buffer_size {s['odb_buffer_size']}, padding to a multiple of "
                f"{s['pad_to_multiple_of']}{enabled}")
+    groups = "padding-free" if s["odb_padding_free"] else "padded"
+    attention = ("per sample (Σ len²)" if s["packed_attention"] == "segments"
+                 else "through a dense block mask ((Σ len)² a row)")
+    out.append(f"  {groups} groups ({s['odb_padding_free_reason'] or 'odb_padding_free'})"
+               + (f"; packed rows attend {attention}" if s["odb_padding_free"] else ""))
     if s["odb_balance"]:
         out.append("  odb_balance is not simulated: the figures are before post-balancing")
     if s["set_aside"]:
@@ -81,6 +86,10 @@ def text(plan: dict) -> str:
     model = sp["step_model"]
     out.append(f"predicted speedup over Standard: samples {_speedup(sp['samples'])}, "
                f"groups {_speedup(sp['groups'])}")
+    faster = sp.get("faster_setting")
+    if faster:
+        out.append(f"WARNING   ODB {faster['mode']} is predicted slower than Standard ({faster['speedup']:.2f}x); "
+                   f"{faster['setting']} is predicted {faster['setting_speedup']:.2f}x")
     if sp["standard_oom_batches"]:
         out.append(f"  Standard has {sp['standard_oom_batches']} micro-batches over the memory figure")
     out.append(f"  step model: {model['model']} ({_million(model['llm_params'])} LLM, "

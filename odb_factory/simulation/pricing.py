@@ -47,6 +47,8 @@ class Features:
     cell: np.ndarray          # flat position (step * world + rank) of each non-empty batch
     note: str = ""
     extra: dict = field(default_factory=dict)
+    # how a packed row attends (PACKED_ATTENTIONS): per sample, or one dense block-causal mask
+    packed_attention: str = "segments"
 
     @property
     def steps(self) -> int:
@@ -57,10 +59,22 @@ class Features:
         return self.sum_len if self.cost_mode == "packed" else self.n * self.max_len
 
     def attention_sq(self) -> np.ndarray:
-        return self.sum_sq if self.cost_mode == "packed" else self.n * self.max_len ** 2
+        """Attention work in token² units, as the attention that runs computes it: a padded
+        batch n · max_len²; a packed row Σ len² per sample (flash varlen, per-segment sdpa) or
+        (Σ len)² (sdpa/eager over transformers' dense block-causal mask)."""
+        if self.cost_mode != "packed":
+            return self.n * self.max_len ** 2
+        return self.sum_len ** 2 if self.packed_attention == "mask" else self.sum_sq
 
 
-def features(s: Schedule, p: SampleArrays) -> Features:
+PACKED_ATTENTIONS = ("segments", "mask")
+
+
+def features(s: Schedule, p: SampleArrays, packed_attention: str = "segments") -> Features:
+    """`packed_attention`: how the run's packed rows attend ('segments': flash varlen or
+    per-segment sdpa; 'mask': a dense block-causal mask), which prices their attention."""
+    if packed_attention not in PACKED_ATTENTIONS:
+        raise ValueError(f"packed_attention {packed_attention!r} is not one of {list(PACKED_ATTENTIONS)}")
     steps, world = len(s.steps), s.world
     shape = (steps, world)
     lens = [len(b) for step in s.steps for b in step]
@@ -82,7 +96,8 @@ def features(s: Schedule, p: SampleArrays) -> Features:
                     reduce(t, np.maximum), reduce(t, np.add), reduce(t * t, np.add),
                     reduce(p.images, np.add), reduce(p.patches, np.add), reduce(p.patch_sq, np.add),
                     flat, starts, nonempty, s.note,
-                    {**s.extra, **({"step_ends": s.step_ends} if s.step_ends is not None else {})})
+                    {**s.extra, **({"step_ends": s.step_ends} if s.step_ends is not None else {})},
+                    packed_attention)
 
 
 @dataclass

@@ -113,6 +113,25 @@ def test_every_method_trains_every_sample_exactly_once(small, kind):
             assert sorted(s.indices().tolist()) == list(range(len(p)))
 
 
+def test_every_schedule_is_priced_with_the_steps_it_runs(small):
+    """The priced optimizer steps and micro-steps are the schedule's own, post-balanced ones
+    included (a note passed where the step ends belong once priced len(note) steps)."""
+    p, world = small["mix"], 4
+    m4 = replace(M8, world=world, ranks_per_node=world)
+    std = M.standard(p, world, 1, accumulation=4)
+    schedules = _all_schedules(p) + [M.odb_samples(std, p, p.token_budget), std]
+    for source in (M.odb(p, world, p.token_budget), M.odb_samples(std, p, p.token_budget)):
+        for mode in ("padded", "lpt"):
+            balanced = M.post_balance(source, p, m4.token_cost, m4.cap_tokens, ranks_per_node=world, mode=mode)
+            assert (balanced.optimizer_steps, balanced.micro_steps) == (source.optimizer_steps, source.micro_steps)
+            assert balanced.note.endswith(f"post-balanced ({mode}{', memory cap' if mode == 'padded' else ''})")
+            schedules.append(balanced)
+    assert schedules[-1].optimizer_steps == std.optimizer_steps
+    for s in schedules:
+        priced = evaluate(features(s, p), p, m4)
+        assert (priced.optimizer_steps, priced.micro_steps) == (s.optimizer_steps, s.micro_steps), s.method
+
+
 @pytest.mark.parametrize("batch,accumulation", [(1, 1), (1, 4), (2, 3)])
 def test_odb_samples_keeps_standards_optimizer_steps_and_their_samples(small, batch, accumulation):
     p, world = small["mix"], 4

@@ -49,6 +49,7 @@ def test_method_configs_differ_only_where_the_method_does(tmp_path):
         assert configs[m]["odb_step"] == "samples" and configs[m]["gradient_accumulation_steps"] == R.ACCUMULATION
         assert configs[m]["per_device_train_batch_size"] == 1
     assert configs["ODB padding-free"]["odb_padding_free"] is True
+    assert configs["ODB samples"]["odb_padding_free"] is configs["ODB groups"]["odb_padding_free"] is False
     assert configs["ODB groups"]["odb_step"] == "groups"
     shared = {k for k in std if all(c.get(k) == std[k] for c in configs.values())}
     assert {"learning_rate", "seed", "max_samples", "val_size", "dataset_dir", "model_name_or_path"} <= shared
