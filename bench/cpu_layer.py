@@ -11,7 +11,7 @@ shared/data, cut at two `cutoff_len`s, and the tiny Qwen3 (hidden 64, 2 layers),
 mostly a micro-batch's fixed cost:
   short              8 M model, cutoff 128 tokens (most rows cut: short instruction rows)
   long               8 M model, cutoff 1024 tokens (rows whole: mean ~300 tokens, length CV ~0.8)
-  tiny model, short  tiny Qwen3, cutoff 128 tokens
+  tiny               tiny Qwen3, cutoff 128 tokens
 
 Methods, one epoch each over the same training split, batch 1 per device × `--accumulation`:
   Standard                   LLaMA-Factory as it is
@@ -39,7 +39,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from .measured_runs import run_all, step_rows
+from .measured_runs import run_all
 from .solvers import scaled_nnls
 from .tables import md_table
 
@@ -49,7 +49,7 @@ MODEL = REPO / ".cache" / "cpu_layer_qwen3"
 DEMO = REPO.parent / "shared" / "data" / "llamafactory_demo"
 # cell -> (model, cutoff_len): the compute-dominated model on short and long rows, and the tiny
 # Qwen3 (hidden 64, 2 layers: a micro-batch's fixed cost dominates its steps) on short rows
-CELLS = {"short": ("8M", 128), "long": ("8M", 1024), "tiny model, short": ("tiny", 128)}
+CELLS = {"short": ("8M", 128), "long": ("8M", 1024), "tiny": ("tiny", 128)}
 # method -> (label, keys); "standard_batch": Standard's optimizer steps as one micro-batch of
 # `accumulation` samples per rank (the same samples per step; the same model for a text model,
 # whose loss is the step's global token mean), padded as LLaMA-Factory pads
@@ -103,50 +103,59 @@ def config(method: str, model: Path, cutoff: int, samples: int, accumulation: in
             "use_cpu": True, "bf16": False, "disable_gradient_checkpointing": True, **METHODS[method][1]}
 
 
-def run_dir(cell: str, method: str, repeat: int) -> Path:
-    return RUNS / f"{cell.replace(' ', '_').replace(',', '')}_{method}_r{repeat}"
+def run_dir(root: Path, cell: str, method: str, repeat: int) -> Path:
+    return root / f"{cell.replace(' ', '_').replace(',', '')}_{method}_r{repeat}"
 
 
-def priced_steps(method: str, out: Path) -> List[dict]:
-    """The run's `training_step` calls (bench/lf_multi_run.py), attention priced as the run's
-    attention computes it: a packed row under the dense mask costs (Σ len)², not Σ len²."""
-    rows = step_rows(out)
-    if method == "odb_mask":
-        rows = [dict(r, sum_sq=r["tokens"] ** 2 / max(1, r["micro_batches"])) for r in rows]
-    return rows
+COLUMNS = ("micro_batches", "tokens", "sum_sq")
 
 
-def prediction_check(rows: List[dict]) -> List[Dict[str, object]]:
+def optimizer_steps(method: str, out: Path, steps: int) -> List[dict]:
+    """The run's optimizer steps from its `training_step` calls (bench/lf_multi_run.py, one file a
+    rank; Standard calls it once a micro-batch): per step, each work term's maximum over the ranks
+    (the slowest rank's), and the seconds the ranks spent in it (they meet at its end). Attention is
+    priced as the run computes it: a packed row under the dense mask costs (Σ len)², not Σ len²."""
+    ranks = [[json.loads(line) for line in f.read_text().splitlines()] for f in sorted(out.glob("steps_rank*.jsonl"))]
+    calls_per_step = -(-len(ranks[0]) // steps)
+    merged = []
+    for calls in ranks:
+        merged.append([{k: sum(c[k] for c in calls[i:i + calls_per_step]) for k in calls[0]}
+                       for i in range(0, len(calls), calls_per_step)])
+        if method == "odb_mask":
+            merged[-1] = [dict(s, sum_sq=s["tokens"] ** 2 / max(1, s["micro_batches"])) for s in merged[-1]]
+    return [dict({k: max(s[k] for s in step) for k in COLUMNS}, time_s=sum(s["time_s"] for s in step) / len(step))
+            for step in zip(*merged)]
+
+
+def prediction_check(root: Path, rows: List[dict]) -> List[Dict[str, object]]:
     """The step model's form (c0 per micro-batch + a·tokens + b·attention, NNLS) fitted per cell
-    on every method's steps of the other repeats, then each method's train time of the last
-    repeat predicted from its steps: predicted vs measured ratio to Standard."""
+    on every method's optimizer steps of the other repeats; each method's train time of the last
+    repeat predicted from its steps, as a ratio to Standard's, against the measured ratio of
+    train_runtime."""
     out = []
     for cell in CELLS:
-        mine = [r for r in rows if r["cell"] == cell]
+        mine = {(r["method"], r["repeat"]): r for r in rows if r["cell"] == cell}
         if not mine:
             continue
-        held = max(r["repeat"] for r in mine)
-        steps = {(r["method"], r["repeat"]): priced_steps(r["method"], run_dir(cell, r["method"], r["repeat"]))
-                 for r in mine}
+        held = max(repeat for _, repeat in mine)
+        steps = {key: optimizer_steps(key[0], run_dir(root, cell, *key), r["optimizer_steps"])
+                 for key, r in mine.items()}
         fit = [s for (_, repeat), calls in steps.items() if repeat != held for s in calls]
-        columns = ("micro_batches", "tokens", "sum_sq")
-        coef = scaled_nnls(np.array([[s[k] for k in columns] for s in fit], dtype=float),
+        coef = scaled_nnls(np.array([[s[k] for k in COLUMNS] for s in fit], dtype=float),
                            np.array([s["time_s"] for s in fit]))
 
         def predicted(method: str) -> float:
-            return float(sum(np.dot(coef, [s[k] for k in columns]) for s in steps[(method, held)]))
-
-        def measured(method: str) -> float:
-            return float(sum(s["time_s"] for s in steps[(method, held)]))
-        for method in sorted({r["method"] for r in mine if r["repeat"] == held} - {"standard"}):
-            want = measured("standard") / measured(method)
+            return float(sum(np.dot(coef, [s[k] for k in COLUMNS]) for s in steps[(method, held)]))
+        for method in sorted({m for m, repeat in mine if repeat == held} - {"standard"}):
+            want = mine[("standard", held)]["train_s"] / mine[(method, held)]["train_s"]
             got = predicted("standard") / predicted(method)
             out.append({"rows": cell, "method": METHODS[method][0], "measured × Standard": f"{want:.2f}",
                         "predicted × Standard": f"{got:.2f}", "error": f"{got / want - 1:+.0%}"})
     return out
 
 
-def measure(cells: List[str], methods: List[str], repeats: int, samples: int, accumulation: int) -> List[dict]:
+def measure(root: Path, cells: List[str], methods: List[str], repeats: int, samples: int,
+            accumulation: int) -> List[dict]:
     rows = []
     for cell in cells:
         kind, cutoff = CELLS[cell]
@@ -157,11 +166,11 @@ def measure(cells: List[str], methods: List[str], repeats: int, samples: int, ac
             shuffled = list(methods)
             order.shuffle(shuffled)
             for method in shuffled:
-                out = run_dir(cell, method, repeat)
+                out = run_dir(root, cell, method, repeat)
                 plan.append((method, repeat, out))
                 configs.append(config(method, model, cutoff, samples, accumulation, out))
         print(f"[cpu layer] {cell}: {len(configs)} runs in one torchrun", file=sys.stderr, flush=True)
-        run_all(configs, RUNS / f"{cell.replace(' ', '_').replace(',', '')}.log")
+        run_all(configs, root / f"{cell.replace(' ', '_').replace(',', '')}.log")
         for method, repeat, out in plan:
             results = json.loads((out / "all_results.json").read_text())
             steps = json.loads((out / "trainer_state.json").read_text())["global_step"]
@@ -202,17 +211,18 @@ def main(argv=None) -> List[dict]:
     parser.add_argument("--accumulation", type=int, default=8)
     parser.add_argument("--cells", default=",".join(CELLS), help=f"comma-separated, of {list(CELLS)}")
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {list(METHODS)}")
-    parser.add_argument("--name", default="runs", help="the runs are written to .cache/bench_cpu_layer/NAME.jsonl")
+    parser.add_argument("--name", default="runs", help="the runs go to .cache/bench_cpu_layer/NAME/")
     args = parser.parse_args(argv)
     methods = ["standard"] + [m for m in args.methods.split(",") if m != "standard"]
-    rows = measure(args.cells.split(","), methods, args.repeats, args.samples, args.accumulation)
-    RUNS.mkdir(parents=True, exist_ok=True)
-    (RUNS / f"{args.name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    root = RUNS / args.name
+    root.mkdir(parents=True, exist_ok=True)
+    rows = measure(root, args.cells.split(","), methods, args.repeats, args.samples, args.accumulation)
+    (root / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     lines = table(rows)
     print(md_table(lines, [(k, k) for k in lines[0]]))
     if args.repeats > 1:
-        check = prediction_check(rows)
-        print("\nThe step model (training_step time, compute only) against the last repeat:\n")
+        check = prediction_check(root, rows)
+        print("\nThe step model fitted on the other repeats, against the last repeat's train_runtime:\n")
         print(md_table(check, [(k, k) for k in check[0]]))
     return lines
 

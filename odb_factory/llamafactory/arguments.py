@@ -261,7 +261,9 @@ def version_problems(odb: ODBRunOptions, raw: Mapping[str, Any], transformers_ve
     if str(raw.get("flash_attn", "auto")) in ("fa2", "fa3") and transformers_version in FLASH_ATTENTION_BROKEN:
         problems.append(f"flash_attn: {raw['flash_attn']}: transformers {transformers_version}'s flash "
                         "attention fails on the first forward (flash_attention_forward calls "
-                        "s_aux.to() with s_aux None); use flash_attn: sdpa, or transformers 4.57.6")
+                        "s_aux.to() with s_aux None; 5.6.1 and later guard it, but LLaMA-Factory 0.9.5 "
+                        "accepts transformers up to 5.6.0); use flash_attn: sdpa (padding-free rows then "
+                        "attend per sample through sdpa), or transformers 4.57.6")
     from odb_factory_patches.transformers_qwen3_vl import TRANSFORMERS_VERSIONS as VISION_VERSIONS
     if odb.vision_stage and transformers_version not in VISION_VERSIONS:
         problems.append(f"odb_balance_stages: [vision] runs inside the model's forward as transformers "
