@@ -107,6 +107,8 @@ class ODBRunOptions:
     def value_of(self, key: str) -> Any:
         """The parsed value of YAML key `key` (e.g. "odb_token_budget")."""
         name = key[len(LF_PREFIX):]
+        if name == "padding_free":  # typed as a string (auto/true/false); YAML writes the booleans
+            return {"true": True, "false": False}.get(self.adapter.padding_free, self.adapter.padding_free)
         if name in ADAPTER_KEYS:
             return getattr(self.adapter, name)
         if name == "balance":

@@ -185,6 +185,16 @@ def _pack_positions(positions: torch.Tensor, rows: int, width: int, assemble) ->
     return assemble(piece_positions, lambda n: plain(n).expand(4, -1), dim=1)
 
 
+def counted_tokens(batch: Dict[str, Any]) -> Dict[str, Any]:
+    """What HF counts as a batch's tokens seen: a packed row's real tokens are its samples' (an
+    attention mask of them), not the placeholder image's or a padding block's, as a padded
+    batch's attention mask says."""
+    token_sample = batch.get(TOKEN_SAMPLE_KEY)
+    if token_sample is None:
+        return batch
+    return {"input_ids": batch["input_ids"], "attention_mask": (token_sample >= 0).long()}
+
+
 def token_weights(sample_weights: Sequence[float], token_sample: torch.Tensor) -> torch.Tensor:
     """Per token of packed rows, its sample's loss weight (0 for the placeholder and padding)."""
     weights = torch.as_tensor(list(sample_weights) + [0.0], dtype=torch.float32)

@@ -10,7 +10,7 @@ import torch
 
 from ..loader import ODBBatch, ODBDataLoader
 from . import state
-from .padding_free import TOKEN_SAMPLE_KEY, token_weights
+from .padding_free import TOKEN_SAMPLE_KEY, counted_tokens, token_weights
 
 
 class LFCollate:
@@ -40,13 +40,14 @@ class OptimizerStepBatch:
     COUNTED = ("input_ids", "attention_mask")
 
     def __contains__(self, key: str) -> bool:
-        return key in self.COUNTED and all(key in b for b in self.micro_batches)
+        return key in self.COUNTED and all(key in counted_tokens(b) for b in self.micro_batches)
 
     def __getitem__(self, key: str) -> torch.Tensor:
-        """All micro-batches' `input_ids` or `attention_mask`, flattened into one tensor."""
+        """All micro-batches' `input_ids` or `attention_mask` (a packed row's: its samples'
+        tokens), flattened into one tensor."""
         if key not in self:
             raise KeyError(key)
-        return torch.cat([b[key].reshape(-1) for b in self.micro_batches])
+        return torch.cat([counted_tokens(b)[key].reshape(-1) for b in self.micro_batches])
 
 
 class TrainLoader:
@@ -96,7 +97,8 @@ class TrainLoader:
         micro_batches: List[Dict[str, Any]] = []
         for step in self.loader:
             batch = step.data
-            token_sample = batch.pop(TOKEN_SAMPLE_KEY, None)  # padding-free rows: each token's sample
+            # padding-free rows: each token's sample (the trainer drops it before the model)
+            token_sample = batch.get(TOKEN_SAMPLE_KEY)
             if step.is_idle:
                 batch["labels"] = torch.full_like(batch["labels"], -100)
             self.pending.append(step)

@@ -24,7 +24,7 @@ from . import state
 from .arguments import model_refusal
 from .callbacks import ODBCallback
 from .lazy_dataset import LazySupervisedDataset
-from .padding_free import PackedCollate
+from .padding_free import TOKEN_SAMPLE_KEY, PackedCollate, counted_tokens
 from .train_loader import LFCollate, OptimizerStepBatch, TrainLoader
 
 logger = logging.getLogger("odb_factory")
@@ -322,6 +322,7 @@ class ODBTrainerMixin:
         return total
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        inputs.pop(TOKEN_SAMPLE_KEY, None)  # a packed row's token owners: for the loader and the counts
         weights = inputs.pop("odb_sample_weights", None)
         if weights is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -339,9 +340,9 @@ class ODBTrainerMixin:
     def _track_num_input_tokens(self, inputs):
         if isinstance(inputs, OptimizerStepBatch):
             for batch in inputs.micro_batches:
-                super()._track_num_input_tokens(batch)
+                super()._track_num_input_tokens(counted_tokens(batch))
             return
-        super()._track_num_input_tokens(inputs)
+        super()._track_num_input_tokens(counted_tokens(inputs))
 
     def log(self, logs, *args, **kwargs):
         if "loss" in logs:
