@@ -11,7 +11,7 @@ import dataclasses
 from typing import Dict, Optional
 
 from . import methods as M
-from . import paper
+from . import paper, peers
 from .simulate import Features, Result, check_ledger, evaluate, explain, features
 from .step_model import H20_1NODE, H20_2NODES, MODELS, StepModel, build_step_model
 from .workloads import Profile
@@ -22,6 +22,10 @@ SETTINGS = {
     "2n-full": ("2 nodes · full FT", H20_2NODES, "full"),
 }
 BUFFER = 256                       # ODB window B (odb_factory's default)
+# How packed rows attend, each priced as it runs: "segments" (flash varlen, or the per-segment
+# sdpa odb_factory registers: sum len**2), "mask" (sdpa/eager over a dense block-causal mask:
+# (sum len)**2). Padded batches cost the same under both.
+BACKENDS = ("segments", "mask")
 
 
 def step_model_for(model: str, setting: str, mfu: float) -> StepModel:
@@ -46,13 +50,17 @@ class Lab:
             self.schedules[key] = s
         return self.schedules[key]
 
-    def features(self, key: tuple, p: Profile) -> Optional[Features]:
-        if key not in self.feats:
-            s = self.schedules.get(key)
-            if s is None:
-                return None
-            self.feats[key] = features(s, p)
-        return self.feats[key]
+    def features(self, key: tuple, p: Profile, packed_attention: str = "segments") -> Optional[Features]:
+        """`packed_attention` prices packed rows by the attention that runs ('segments': flash
+        varlen or per-segment sdpa; 'mask': a dense block-causal mask); padded batches alike."""
+        s = self.schedules.get(key)
+        if s is None:
+            return None
+        if s.cost_mode != "packed":
+            packed_attention = "segments"
+        if (key, packed_attention) not in self.feats:
+            self.feats[key, packed_attention] = features(s, p, packed_attention)
+        return self.feats[key, packed_attention]
 
 
 def common_schedules(lab: Lab, p: Profile, world: int, only=None) -> Dict[str, tuple]:
@@ -75,9 +83,12 @@ def common_schedules(lab: Lab, p: Profile, world: int, only=None) -> Dict[str, t
     add("odb_pf_global", lambda: M.odb(p, world, b, True, BUFFER, seed, cost_mode="packed", name="odb_pf_global",
                                        global_grouping=True))
     add("gmt", lambda: M.gmt(p, world, b, seed))
+    add("gmt_ordered", lambda: M.gmt(p, world, b, seed, shuffle=False))
     add("bmt", lambda: M.bmt(p, world, b, seed))
+    add("bmt_ordered", lambda: M.bmt(p, world, b, seed, shuffle=False))
     if p.text_only:
         add("packing", lambda: M.packing(p, world, b, seed))
+        add("packing_ordered", lambda: M.packing(p, world, b, seed, shuffle=False))
     add("peer", lambda: M.peer(p, world, b, BUFFER, seed))
     if only is not None and "standard_matched" not in only:
         return keys
@@ -104,6 +115,37 @@ def batch_schedules(lab: Lab, p: Profile, world: int, bs: int, only=None) -> Dic
         key = ("standard_safe", p.name, world, bs)
         lab.schedule(key, lambda: M.standard(p, world, bs, seed, name="standard_safe"), len(p))
         keys["standard_safe"] = key
+    return keys
+
+
+def peer_schedules(lab: Lab, p: Profile, world: int, m: StepModel, model: str, mode: str,
+                   odb_pf: M.Schedule) -> Dict[str, tuple]:
+    """The strong padding-free peers (bench.peers). verl's global batch holds as many samples as
+    padding-free ODB's optimizer steps do on average (a multiple of the world size), so both take
+    about as many optimizer steps; the packers' window is ODB's (world x B samples) or the epoch."""
+    seed, b, keys = lab.seed, p.token_budget, {}
+    global_batch = max(world, round(len(p) / odb_pf.optimizer_steps / world) * world)
+    cost = peers.sample_seconds_of(p, m)
+    builds = {
+        "verl": (("verl", p.name, world, global_batch),
+                 lambda: peers.verl_dynamic(p, world, b, global_batch, seed)),
+        "verl_windows": (("verl_windows", p.name, world, global_batch),
+                         lambda: peers.verl_dynamic(p, world, b, global_batch, seed, sorted_windows=True)),
+        "window_pack": (("window_pack", p.name, world, model, mode),
+                        lambda: peers.window_pack(p, world, b, world * BUFFER, cost, m.fits, seed)),
+        "epoch_pack": (("epoch_pack", p.name, world, model, mode),
+                       lambda: peers.window_pack(p, world, b, len(p), cost, m.fits, seed, name="epoch_pack")),
+    }
+    for name, (key, build) in builds.items():
+        if lab.schedule(key, build, len(p)) is not None:
+            keys[name] = key
+    if not p.text_only and "epoch_pack" in keys:
+        source = keys["epoch_pack"]
+        key2 = ("epoch_pack_2stage",) + source[1:]
+        lab.schedule(key2, lambda: M.Schedule(
+            "epoch_pack_2stage", world, lab.schedules[source].steps, cost_mode="packed",
+            note=lab.schedules[source].note + " + encoder stage", extra={"encoder_balanced": True}), len(p))
+        keys["epoch_pack_2stage"] = key2
     return keys
 
 
@@ -160,16 +202,25 @@ def evaluate_row(lab: Lab, p: Profile, model: str, setting: str, mfu: float) -> 
                 sched.note = f"text-only cache, budget tuned OOM-free: {budget}"
             lab.schedules[tkey] = sched
         keys["gmt_textcache"] = tkey
-    results = {}
-    for name, key in keys.items():
-        f = lab.features(key, p)
-        if f is not None:
-            results[name] = evaluate(f, p, m)
-    if "odb_pf_global" in results:
-        results["limit"] = limit_result(results["odb_pf_global"])
+    keys.update(peer_schedules(lab, p, world, m, model, mode, lab.schedules[keys["odb_pf"]]))
+    by_backend = {}
+    for backend in BACKENDS:
+        results = {}
+        for name, key in keys.items():
+            f = lab.features(key, p, backend)
+            if f is not None:
+                results[name] = evaluate(f, p, m)
+        if "odb_pf_global" in results:
+            results["limit"] = limit_result(results["odb_pf_global"])
+        by_backend[backend] = results
+    results = by_backend["segments"]
+    bounds = {"L_max": peers.lower_bound(p, m, world, p.token_budget, "L_max"),
+              "memory cap": peers.lower_bound(p, m, world, m.cap_tokens, "memory cap")}
     fig = paper.figure_for(p.name, model, setting)
     row = {"workload": p.name, "model": model, "setting": setting, "setting_label": label,
            "cv": p.cv, "f_s": p.short_fraction, "results": results, "paper": fig, "safe_bs": bs,
+           "results_by_backend": by_backend, "bounds": bounds,
+           "exchange_s": peers.exchange_seconds(p, MODELS[model].hidden, hw.busbw, world),
            "ga_matched": lab.schedules[keys["standard_matched"]].accumulation,
            "fixed_per_step_ms": (m.comm_micro_s + m.comm_opt_s + m.optimizer_s) * 1e3,
            "comm_per_step_ms": (m.comm_micro_s + m.comm_opt_s) * 1e3,

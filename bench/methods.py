@@ -38,7 +38,6 @@ Methods (bench/README.md explains each and its knobs):
 
 from __future__ import annotations
 
-import bisect
 import random
 from typing import Callable, List, Optional, Sequence
 
@@ -137,22 +136,27 @@ def max_tokens_cut(lengths: np.ndarray, budget: int, tiebreak: Optional[np.ndarr
     return out
 
 
-def gmt(p: Profile, world: int, budget: int, seed: int = 0, cache: str = "oracle") -> Schedule:
+def gmt(p: Profile, world: int, budget: int, seed: int = 0, cache: str = "oracle",
+        shuffle: bool = True) -> Schedule:
     """Global max-tokens: sort every sample by its cached length, cut maximal runs whose
     padded cost n * max <= budget, shuffle the batches, deal round-robin. `cache="text"` uses
-    a stale text-only cache (vision tokens not counted): the cut is then blind to the images."""
+    a stale text-only cache (vision tokens not counted): the cut is then blind to the images.
+    `shuffle=False` deals the batches in workload order (a step's ranks get neighbouring lengths)."""
     lengths = _cached_lengths(p, cache)
     batches = [b.tolist() for b in max_tokens_cut(lengths, budget, p.patches)]
-    random.Random(f"gmt:{seed}").shuffle(batches)
-    return Schedule("gmt" if cache == "oracle" else "gmt_textcache", world, deal(batches, world),
-                    note=f"budget={budget}, {cache} cache")
+    if shuffle:
+        random.Random(f"gmt:{seed}").shuffle(batches)
+    name = ("gmt" if cache == "oracle" else "gmt_textcache") + ("" if shuffle else "_ordered")
+    return Schedule(name, world, deal(batches, world),
+                    note=f"budget={budget}, {cache} cache" + ("" if shuffle else ", dealt in workload order"))
 
 
 def bmt(p: Profile, world: int, budget: int, seed: int = 0, growth: float = 2 ** 0.25,
-        cache: str = "oracle") -> Schedule:
+        cache: str = "oracle", shuffle: bool = True) -> Schedule:
     """Bucketed max-tokens: length buckets with a constant max/min ratio `growth` (smaller =
     less padding but more, smaller buckets), shuffled inside; each bucket's batch size =
-    budget // its longest sample; all batches shuffled, dealt round-robin."""
+    budget // its longest sample; all batches shuffled, dealt round-robin (`shuffle=False`:
+    dealt in workload order, longest bucket first)."""
     lengths = _cached_lengths(p, cache)
     rng = np.random.default_rng([seed, 12])
     bucket = np.floor(np.log(lengths / lengths.min()) / np.log(growth)).astype(np.int64)
@@ -162,9 +166,14 @@ def bmt(p: Profile, world: int, budget: int, seed: int = 0, growth: float = 2 **
         bs = max(1, budget // int(lengths[part].max()))
         part = rng.permutation(part)
         batches += [part[i:i + bs].tolist() for i in range(0, len(part), bs)]
-    random.Random(f"bmt:{seed}").shuffle(batches)
-    return Schedule("bmt" if cache == "oracle" else "bmt_textcache", world, deal(batches, world),
-                    note=f"budget={budget}, buckets x{growth:.2f}, {cache} cache")
+    if shuffle:
+        random.Random(f"bmt:{seed}").shuffle(batches)
+    else:
+        batches.reverse()
+    name = ("bmt" if cache == "oracle" else "bmt_textcache") + ("" if shuffle else "_ordered")
+    return Schedule(name, world, deal(batches, world),
+                    note=f"budget={budget}, buckets x{growth:.2f}, {cache} cache"
+                    + ("" if shuffle else ", dealt in workload order"))
 
 
 def tune_text_cache_budget(p: Profile, world: int, budget: int, fits: Callable, builder=gmt,
@@ -185,33 +194,22 @@ def tune_text_cache_budget(p: Profile, world: int, budget: int, fits: Callable, 
 
 
 # ----------------------------------------------------------------------------- packing
-def packing(p: Profile, world: int, budget: int, seed: int = 0) -> Schedule:
+def packing(p: Profile, world: int, budget: int, seed: int = 0, shuffle: bool = True) -> Schedule:
     """Greedy knapsack (LLaMA-Factory `packing` style): repeatedly open a bin and keep adding
-    the longest remaining sample that still fits, so sum(len) <= budget. Text only."""
+    the longest remaining sample that still fits, so sum(len) <= budget. Text only.
+    `shuffle=False` deals the bins in workload order (sum of len**2, largest first)."""
+    from .peers import knapsack_bins
+
     if not p.text_only:
         raise ValueError(f"packing is text-only (Qwen3-VL packing is unsupported); {p.name} has images")
-    lengths = p.tokens.tolist()
-    pool = sorted((l, i) for i, l in enumerate(lengths))   # ascending (length, index)
-    keys = [l for l, _ in pool]
-    bins: List[List[int]] = []
-    while pool:
-        room, current = budget, []
-        while pool:
-            k = bisect.bisect_right(keys, room) - 1
-            if k < 0:
-                break
-            l, i = pool.pop(k)
-            keys.pop(k)
-            current.append(i)
-            room -= l
-        if not current:  # a sample longer than the budget: alone
-            l, i = pool.pop()
-            keys.pop()
-            current = [i]
-        bins.append(current)
-    random.Random(f"pack:{seed}").shuffle(bins)
-    return Schedule("packing", world, deal(bins, world), cost_mode="packed",
-                    note=f"sum(len) <= {budget}")
+    bins = knapsack_bins(p.tokens.tolist(), budget)
+    if shuffle:
+        random.Random(f"pack:{seed}").shuffle(bins)
+    else:
+        sq = p.tokens.astype(np.float64) ** 2
+        bins.sort(key=lambda b: -float(sq[b].sum()))
+    return Schedule("packing" + ("" if shuffle else "_ordered"), world, deal(bins, world), cost_mode="packed",
+                    note=f"sum(len) <= {budget}" + ("" if shuffle else ", dealt in workload order"))
 
 
 # ----------------------------------------------------------------------------- peer package

@@ -16,7 +16,8 @@ from .ablations import PREP_IMAGE_S, PREP_TEXT_S, WORKERS
 from .lab import BUFFER, SETTINGS, step_model_for
 from .paper import TOLERANCE_TEXT
 from .step_model import describe
-from .tables import (detail_rows, detail_table, main_table, md_table, standing_summary, standing_table,
+from .tables import (detail_rows, detail_table, main_table, md_table, peer_summary, peer_table,
+                     standing_summary, standing_table,
                      variant_rows, write_csv)
 from .workloads import Profile
 
@@ -150,6 +151,29 @@ def depth_text(depth: Sequence[Mapping]) -> str:
                    "`ablation_depth.png`.")
 
 
+PEERS_INTRO = (
+    "Peers (bench/peers.py, every one padding-free under the same L_max, ledger-checked): verl's "
+    "dynamic batch size as verl ships it (its own `get_seqlen_balanced_partitions` and "
+    "`rearrange_micro_batches`, from the installed package; its global batch as large as padding-free "
+    "ODB's optimizer steps on average), the same over length-sorted windows of 16 global batches, a "
+    "window packer with ODB's information (world × B samples packed, dealt in workload order, each step "
+    "re-split across ranks by Karmarkar-Karp), and the same over the whole epoch with the length cache "
+    "LLaMA-Factory's preprocessed dataset holds (+ the encoder stage on multimodal rows). GMT, BMT and "
+    "Packing are ranked dealt shuffled and dealt in workload order. *At ODB's information*: methods that "
+    "see a window at a time; *with the epoch cache*: methods that read every length of the epoch first "
+    "(sorted, group_by_length, GMT, BMT, Packing, the epoch packer). The **lower bound** belongs to no "
+    "method: every sample's padding-free cost spread perfectly over the ranks, plus the fixed costs of "
+    "the fewest micro-steps L_max (or the memory cap) allows, one optimizer step each. Each backend "
+    "prices packed rows by the attention that runs: Σ len² per sample, or (Σ len)² through the mask "
+    "(`odb_padding_free_row_tokens` rows are not priced here); padded batches cost the same under both.")
+UNPRICED_EXCHANGES = (
+    "Not priced: the sample exchange of global grouping and post-balancing (token ids, labels and "
+    "pixel values of the samples that change rank, once per round or step) and the encoder stage's "
+    "embedding exchange; both overlap the previous step in the loader. `python -m bench.balance_bench` "
+    "measures the bytes moved per step; at the hardware model's bus bandwidth they are the rows' "
+    "uncertainty, not their ranking, wherever a variant leads by more than that share.")
+
+
 # ----------------------------------------------------------------------------- report.md
 def report_markdown(res: BenchResults) -> str:
     side = [r for r in res.rows if r.get("paper")]
@@ -175,6 +199,13 @@ def report_markdown(res: BenchResults) -> str:
         standing_summary(res.rows), "",
         md_table(variant_rows(res.rows), [(k, k) for k in ("ODB variant", "lowest", "highest", "rows ≥ 0.99×")]),
         "", standing_table(res.rows),
+        "## Against the strongest peers, per attention backend (computed)",
+        PEERS_INTRO, "",
+        "### Packed rows attend per sample (flash varlen, or odb_factory's per-segment sdpa)",
+        peer_summary(res.rows, "segments"), "", peer_table(res.rows, "segments"), "",
+        "### Packed rows attend through a dense block-causal mask (sdpa/eager, `odb_packed_attention: mask`)",
+        peer_summary(res.rows, "mask"), "", peer_table(res.rows, "mask"), "",
+        UNPRICED_EXCHANGES,
         "## Paper figures beside ours",
         cmp.paper_side_by_side(res.rows), "", cmp.range_check(res.rows),
         cmp.oracle_summary(res.rows),

@@ -21,10 +21,18 @@ METHODS: List[Tuple[str, str]] = [
     ("sorted_shuffled", "Sorted, batches shuffled"),
     ("group_by_length", "HF group_by_length"),
     ("gmt", "GMT"),
+    ("gmt_ordered", "GMT, dealt in order"),
     ("bmt", "BMT"),
+    ("bmt_ordered", "BMT, dealt in order"),
     ("gmt_textcache", "GMT, text-only cache"),
     ("packing", "Packing"),
+    ("packing_ordered", "Packing, dealt in order"),
     ("peer", "peer odb 0.1.2"),
+    ("verl", "verl dynamic bsz"),
+    ("verl_windows", "verl dynamic bsz, sorted windows"),
+    ("window_pack", "window packer + KK"),
+    ("epoch_pack", "epoch packer (length cache) + KK"),
+    ("epoch_pack_2stage", "epoch packer + KK + encoder stage"),
     ("odb", "ODB"),
     ("odb_nonjoin", "ODB non-join"),
     ("odb_balanced", "ODB + post-balancing"),
@@ -161,6 +169,100 @@ def standing_rows(rows: Sequence[Mapping]) -> List[dict]:
             "padding-free / limit": (pf.samples_per_s / limit.samples_per_s
                                      if pf and limit and pf.samples_per_s and limit.samples_per_s else None)})
     return out
+
+
+# Methods that read every sample's length of the epoch before the first step (a global sort, a
+# whole-epoch cut or pack). The others see what ODB sees: a window of samples at a time.
+EPOCH_CACHE = ("sorted", "sorted_shuffled", "group_by_length", "gmt", "gmt_ordered", "bmt", "bmt_ordered",
+               "gmt_textcache", "packing", "packing_ordered", "epoch_pack", "epoch_pack_2stage")
+
+
+def peer_rows(rows: Sequence[Mapping], backend: str) -> List[dict]:
+    """Per row, under one attention backend: the fastest ODB variant against the fastest method
+    that sees a window at a time as ODB does, and against the fastest with the epoch's length
+    cache; the fastest ODB and the fastest other method as fractions of the independent lower
+    bounds (bench.peers.lower_bound); ODB's micro-steps beside the fewest that L_max allows."""
+    out = []
+    for r in rows:
+        res = r["results_by_backend"][backend]
+        others = [k for k in res if k not in ODB_VARIANTS + NOT_COMPARED]
+        ours, ours_sps = _fastest(res, ODB_VARIANTS)
+        window, window_sps = _fastest(res, [k for k in others if k not in EPOCH_CACHE])
+        cache, cache_sps = _fastest(res, [k for k in others if k in EPOCH_CACHE])
+        _, other_sps = _fastest(res, others)
+        bounds = r["bounds"]
+        out.append({
+            "workload": r["workload"], "model": r["model"], "setting": r["setting_label"],
+            "best ODB": LABEL.get(ours, ours),
+            "best at ODB's information": LABEL.get(window, window),
+            "ODB / it": ours_sps / window_sps if ours and window else None,
+            "best with the epoch cache": LABEL.get(cache, cache),
+            "ODB / it ": ours_sps / cache_sps if ours and cache else None,
+            "ODB / bound (L_max)": ours_sps / bounds["L_max"].samples_per_s if ours else None,
+            "ODB / bound (memory cap)": ours_sps / bounds["memory cap"].samples_per_s if ours else None,
+            "best other / bound (L_max)": other_sps / bounds["L_max"].samples_per_s if other_sps else None,
+            "ODB micro-steps (fewest at L_max)": (f"{res[ours].micro_steps} ({bounds['L_max'].micro_steps})"
+                                                  if ours else None),
+            "unpriced exchange ≤": _percent(_unpriced_share(r, ours, res))})
+    return out
+
+
+def _percent(share: Optional[float]) -> Optional[str]:
+    return None if share is None else f"{share:.2%}"
+
+
+def _unpriced_share(row: Mapping, method: Optional[str], res: Mapping) -> Optional[float]:
+    """The share of `method`'s time its unpriced exchanges could add at most (every sample
+    moved once, nothing overlapped; bench.peers.exchange_seconds): samples for global grouping
+    and post-balancing, embeddings too for the encoder stage; 0 for a variant that moves none."""
+    if method is None or "exchange_s" not in row:
+        return None
+    seconds = 0.0
+    if "global" in method or "balanced" in method:
+        seconds += row["exchange_s"]["samples"]
+    if method.endswith("2stage"):
+        seconds += row["exchange_s"]["embeddings"]
+    return seconds / res[method].time_s
+
+
+def peer_table(rows: Sequence[Mapping], backend: str) -> str:
+    lines = peer_rows(rows, backend)
+    return md_table(lines, [(k, k.strip()) for k in lines[0]]) if lines else "(no rows)"
+
+
+def peer_summary(rows: Sequence[Mapping], backend: str) -> str:
+    """Counts and extremes computed from `peer_rows`, for the report's text."""
+    lines = peer_rows(rows, backend)
+    if not lines:
+        return ""
+
+    def span(key: str, floor: float) -> str:
+        vals = [x[key] for x in lines if x[key] is not None]
+        if not vals:
+            return "—"
+        return (f"{min(vals):.3f}–{max(vals):.3f}× (≥ {floor}× in {sum(v >= floor for v in vals)} of "
+                f"{len(vals)} rows)")
+
+    moved = [_unpriced_share(r, _fastest(r["results_by_backend"][backend], ODB_VARIANTS)[0],
+                             r["results_by_backend"][backend]) for r in rows]
+    moved = [x for x in moved if x]
+    text = (f"Fastest ODB variant / fastest method at ODB's information: {span('ODB / it', 0.99)}; "
+            f"/ fastest method with the epoch's length cache: {span('ODB / it ', 0.98)}; / the lower bound at "
+            f"L_max: {span('ODB / bound (L_max)', 0.98)}; / the bound at the memory cap: "
+            f"{span('ODB / bound (memory cap)', 0.98)}. The fastest other method reaches "
+            f"{span('best other / bound (L_max)', 0.98)} of the L_max bound.")
+    if moved:
+        text += (f" The exchanges the pricing leaves out could slow the fastest ODB variant by at most "
+                 f"{min(moved):.1%}–{max(moved):.1%} of its time (every sample moved once, nothing overlapped).")
+    behind = [x for x in lines if (x["ODB / it"] or 2) < 1.0 or (x["ODB / it "] or 2) < 1.0]
+    if behind:
+        text += " Faster than ODB: " + "; ".join(
+            f"{x['workload']} {x['model']} {x['setting']}: "
+            + ", ".join(f"{name} ({ratio:.3f}×)" for name, ratio in
+                        ((x["best at ODB's information"], x["ODB / it"]),
+                         (x["best with the epoch cache"], x["ODB / it "])) if ratio is not None and ratio < 1.0)
+            for x in behind) + "."
+    return text
 
 
 def variant_rows(rows: Sequence[Mapping]) -> List[dict]:

@@ -142,10 +142,12 @@ class ODBConfig:
         agree=True)
     global_grouping: bool = option(
         False, "Form each round's groups over every rank's samples (their costs are gathered "
-        "anyway): the union sorted and cut into the round's T×W groups of least maximal cost, "
-        "a step's W groups of neighbouring cost, each placed on the rank holding most of its "
-        "bytes; samples move before collation. The same steps, samples and loss. `samples` "
-        "mode: over each optimizer step's samples.", agree=True)
+        "anyway): the union sorted and cut into groups of least maximal cost, in the fewest "
+        "steps of W groups that hold the round within the budget (a thin round takes fewer "
+        "steps), a step's W groups of neighbouring cost, each placed on the rank holding most "
+        "of its bytes; samples move before collation. The same samples and loss. `samples` "
+        "mode: over each optimizer step's samples (the same optimizer steps, as few "
+        "micro-batches as fit).", agree=True)
     balance_mode: str = option(
         "padded", "`padded`: cost `n·g(max len)` (padding collators); `lpt`: `Σ g(len)` "
         "(padding-free); `min_move`: fewest moves within `balance_tolerance`.", agree=True,

@@ -24,7 +24,8 @@ from ..comm.channel import SyncChannel
 
 @dataclass
 class RebalancedRound:
-    slots: List[Slot]               # this rank's slots after the exchange (same count)
+    slots: List[Slot]               # this rank's slots after the exchange (as many, or fewer:
+                                    # packed global grouping may need fewer steps)
     sent_uids: List[Any]            # payloads that left this rank
     received: Dict[Any, Any]        # payloads that arrived, by their new uid
     metrics: Dict[str, float]
@@ -64,7 +65,7 @@ class StepRebalancer:
             layout = regrouped or layout
         if self.spec is not None:
             costs = apply_layout(layout, all_costs)
-            plans = [plan_step([costs[r][p] for r in range(world)], self.spec) for p in range(slots)]
+            plans = [plan_step([costs[r][p] for r in range(world)], self.spec) for p in range(len(layout[0]))]
             for p, plan in enumerate(plans):
                 if plan is not None:
                     column = [layout[r][p] for r in range(world)]
@@ -81,7 +82,8 @@ class StepRebalancer:
 
     def rebalance(self, slots: List[Slot], all_costs: Sequence[Sequence[Sequence[SampleCost]]],
                   payload_of: Callable[[Any], Any], epoch: int, step_totals: bool = False) -> RebalancedRound:
-        """New slots for this rank (same count), the payloads that moved, and the figures.
+        """New slots for this rank (as many as the layout has: global grouping may need fewer),
+        the payloads that moved, and the figures.
         step_totals: every slot carries its optimizer step's global counts (samples mode),
         which a re-layout within the step leaves unchanged; otherwise each slot's are recounted."""
         me, world = self.sync.rank, self.sync.world_size

@@ -3,14 +3,16 @@
 Each rank forms its groups from its own window, so the ranks of one step hold unrelated
 lengths and the step waits for the slowest. After alignment every rank knows every rank's
 samples of the round (their costs are gathered anyway), so every rank can compute the same
-new layout of the round's T x W slots: the union sorted and cut into T*W groups of minimal
+new layout of the round's slots: the union sorted and cut into W groups per step of minimal
 maximum cost within the budget, the W groups of one step taken from neighbouring runs (equal
 cost, similar lengths), each group placed on the rank that already holds most of its bytes
 (node-aware assignment, the post-balancing placement). The samples then move to the rank that
 trains them before collation (loader/step_rebalancer.py).
 
-The round keeps its T steps and every sample (a permutation of the slots' contents), so the
-alignment guarantees hold: equal steps on every rank, join coverage, the non-join quota.
+The round keeps every sample (a permutation of the slots' contents) in the fewest T' <= T steps
+whose T'*W groups hold them within the budget (a thin round, a rank's tail, needs fewer steps
+than the alignment gave it): every rank computes the same T', so the alignment guarantees hold:
+equal steps on every rank, join coverage, the non-join quota.
 Pure and deterministic: every rank computes the same layout from the same gathered costs.
 """
 
@@ -38,8 +40,8 @@ Layout = List[List[List[Source]]]      # layout[rank][slot]: the sources of that
 def regroup_round(costs: Sequence[Sequence[Sequence[SampleCost]]], budget: Budget,
                   ranks_per_node: int = 1, cost_model: StageCostModel = QWEN3_VL_LLM,
                   seed: Optional[str] = None) -> Optional[Layout]:
-    """The round's new layout, or None when its samples do not fit T*W groups within the
-    budget (the round then trains as aligned).
+    """The round's new layout (T' <= T slots per rank, see `_step_counts`), or None when its
+    samples do not fit T*W groups within the budget (the round then trains as aligned).
 
     costs[rank][slot]: the samples each rank trains in each slot of the aligned round (every
     rank has the same number of slots). Padded budgets: the exact min-max partition of the
@@ -58,21 +60,43 @@ def regroup_round(costs: Sequence[Sequence[Sequence[SampleCost]]], budget: Budge
                        else c.input_tokens for c in samples], dtype=np.float64)
     alone = [k for k in range(len(samples)) if tokens[k] > budget.token_budget]
     rest = np.array([k for k in range(len(samples)) if tokens[k] <= budget.token_budget], dtype=np.int64)
-    bins = world * slots - len(alone)
-    if bins < (1 if rest.size else 0):
-        return None
-    if budget.cost_mode == "padded":
-        groups = _padded(rest, tokens, bins, budget, cost_model)
+    for steps in _step_counts(rest, tokens, len(alone), world, slots, budget):
+        bins = world * steps - len(alone)
+        if bins < (1 if rest.size else 0):
+            continue
+        if budget.cost_mode == "padded":
+            groups = _padded(rest, tokens, bins, budget, cost_model)
+        else:
+            groups = _packed(rest, tokens, bins, budget, cost_model)
+        if groups is None:
+            continue
+        groups = [[k] for k in alone] + groups
+        if budget.has_encoder_caps and not all(
+                budget.fits([PlannedSample(k, 0, samples[k]) for k in g]) for g in groups if len(g) > 1):
+            continue  # the vision-patch or audio-frame cap rules this partition out
+        return _layout(groups, samples, tokens, sources, world, steps, ranks_per_node, cost_model, seed,
+                       padded=budget.cost_mode == "padded")
+    return None
+
+
+def _step_counts(rest: np.ndarray, tokens: np.ndarray, alone: int, world: int, slots: int,
+                 budget: Budget) -> range:
+    """Step counts to try, fewest first, from the fewest whose W groups could hold the round
+    within the budget up to its T: a step saved is a micro-batch's fixed cost saved on every
+    rank. Packed groups: the round's tokens over the budget. Padded groups: the runs of the
+    longest-first cut at the budget (each run as many samples as fit beside its longest), the
+    fewest groups any partition needs."""
+    if not rest.size:
+        need = 0
+    elif budget.cost_mode == "packed":
+        need = int(np.ceil(tokens[rest].sum() / budget.token_budget))
     else:
-        groups = _packed(rest, tokens, bins, budget, cost_model)
-    if groups is None:
-        return None
-    groups = [[k] for k in alone] + groups
-    if budget.has_encoder_caps and not all(
-            budget.fits([PlannedSample(k, 0, samples[k]) for k in g]) for g in groups if len(g) > 1):
-        return None  # the vision-patch or audio-frame cap rules this partition out
-    return _layout(groups, samples, tokens, sources, world, slots, ranks_per_node, cost_model, seed,
-                   padded=budget.cost_mode == "padded")
+        longest_first = np.sort(tokens[rest])[::-1]
+        need, at = 0, 0
+        while at < longest_first.size:
+            at += max(1, int(budget.token_budget // longest_first[at]))
+            need += 1
+    return range(min(slots, max(1, -(-(need + alone) // world))), slots + 1)
 
 
 def _padded(rest: np.ndarray, tokens: np.ndarray, bins: int, budget: Budget,
@@ -121,7 +145,9 @@ def _layout(groups: List[List[int]], samples: Sequence[SampleCost], tokens: np.n
             return len(g) * float(cost_model(float(tokens[g].max())))
         return float(np.sum(cost_model(tokens[g])))
     groups = sorted((g for g in groups if g), key=lambda g: (-group_cost(g), g))
-    while len(groups) < slots:  # every step trains something: split the largest group
+    # Every step trains something: split the largest group. The fewest steps leave at least as
+    # many groups as steps; only a step count raised by an encoder cap could leave fewer.
+    while len(groups) < slots:  # pragma: no mutate
         largest = max(range(len(groups)), key=lambda k: len(groups[k]))
         g = groups.pop(largest)
         half = len(g) // 2

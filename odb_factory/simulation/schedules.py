@@ -101,7 +101,7 @@ def samples_schedule(standard: Schedule, costs: Sequence[SampleCost], budget: Bu
                                    ranks_per_node, seed=str(start))
             aligned = apply_layout(layout, aligned) if layout is not None else aligned
         steps += [[index_array([x.index for x in aligned[r][m]]) for r in range(s.world)]
-                  for m in range(max(counts))]
+                  for m in range(len(aligned[0]))]
         ends.append(len(steps) - 1)
     return Schedule(name, s.world, steps, s.accumulation, budget.cost_mode, step_ends=ends,
                     note=f"{s.note}, packed to L_max={budget.token_budget}", extra={"standard": s.method})

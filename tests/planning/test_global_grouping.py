@@ -1,7 +1,8 @@
 """Global grouping (planning/global_grouping.py) over simulated worlds of 1-16 ranks: a
-round's re-layout is a permutation of its samples into the same T×W slots, no group over the
-budget but over-budget singletons, no step idle on every rank, never a worse maximal group cost
-(padded) than the aligned layout; whole epochs keep every guarantee of the protocol."""
+round's re-layout is a permutation of its samples into the fewest T'×W slots (T' <= T) that
+hold them within the budget, no group over the budget but over-budget singletons, no step idle
+on every rank, never a worse maximal group cost (padded) than the aligned layout when it keeps
+its T steps; whole epochs keep every guarantee of the protocol."""
 
 from __future__ import annotations
 
@@ -68,30 +69,65 @@ def test_a_regrouped_round_is_a_permutation_into_the_same_slots(case):
     layout = regroup_round(costs, budget, ranks_per_node, seed="s")
     if layout is None:
         return
-    assert len(layout) == world and all(len(rank) == slots for rank in layout)
+    steps = len(layout[0])
+    assert len(layout) == world and all(len(rank) == steps for rank in layout)
+    assert 1 <= steps <= slots
+    if budget.cost_mode == "padded":
+        assert steps == min(slots, max(1, -(-_fewest_padded_groups(costs, budget) // world)))
+    else:
+        _assert_fewest_packed_steps(costs, budget, world, steps)
     sources = sorted(src for rank in layout for slot in rank for src in slot)
     assert sources == sorted((r, p, i) for r in range(world) for p in range(slots) for i in range(len(costs[r][p])))
     regrouped = apply_layout(layout, costs)
-    for p in range(slots):
+    for p in range(steps):
         assert any(regrouped[r][p] for r in range(world)), "a step idle on every rank"
     for rank in regrouped:
         for group in rank:
             if len(group) > 1:
                 assert budget.fits([PlannedSample(k, 0, c) for k, c in enumerate(group)])
-    if budget.cost_mode == "padded":
+    if budget.cost_mode == "padded" and steps == slots:
         before = _max_group_time([g for rank in costs for g in rank], budget)
         after = _max_group_time([g for rank in regrouped for g in rank], budget)
         assert after <= before * (1 + 1e-12)
 
 
+def _fewest_padded_groups(costs, budget):
+    """Groups of n * longest <= budget (padded lengths) no partition can do with fewer of: cut
+    longest first, each group as many samples as fit beside its longest."""
+    lengths = sorted((budget.padded_length(c.input_tokens) for rank in costs for slot in rank for c in slot),
+                     reverse=True)
+    groups = 0
+    while lengths:
+        del lengths[:max(1, budget.token_budget // lengths[0])]
+        groups += 1
+    return groups
+
+
+def _assert_fewest_packed_steps(costs, budget, world, steps):
+    """A packed layout of T' steps: no fewer steps hold the round's tokens, or LPT could not
+    fill T' - 1 steps' groups."""
+    import numpy as np
+    from odb_factory.planning.global_grouping import _packed
+    tokens = np.array([c.input_tokens for rank in costs for slot in rank for c in slot], dtype=np.float64)
+    alone = int(np.sum(tokens > budget.token_budget))
+    rest = np.flatnonzero(tokens <= budget.token_budget)
+    assert steps * world * budget.token_budget >= tokens[rest].sum() and steps * world >= alone + (rest.size > 0)
+    fewer = world * (steps - 1) - alone
+    if steps > 1 and fewer >= 1 and rest.size:
+        assert _packed(rest, tokens, fewer, budget, QWEN3_VL_LLM) is None, f"{steps - 1} steps would do"
+
+
 @settings(max_examples=120)
 @given(worlds())
 def test_global_grouping_keeps_the_protocol_guarantees_and_the_step_count(case):
+    """The same steps on every rank, no more than without global grouping (a round whose
+    samples fit fewer steps takes fewer)."""
     costs, world, views, cfg = case
     cfg = dataclasses.replace(cfg, max_vision_patches=None)
     plain = simulate_epoch(costs, cfg, world, views=views)
     sim = simulate_epoch(costs, dataclasses.replace(cfg, global_grouping=True), world, views=views)
-    assert [len(s) for s in sim.slots] == [len(s) for s in plain.slots], "the same steps on every rank"
+    assert len({len(s) for s in sim.slots}) == 1, "the same steps on every rank"
+    assert sim.steps <= plain.steps
     assert sorted(sim.trained_indices()) == sorted(plain.trained_indices()), "the same samples"
     budget = Budget.from_config(cfg)
     for step in range(sim.steps):
@@ -123,7 +159,7 @@ def test_the_simulated_epoch_lays_out_each_aligned_round_as_regroup_round_does(c
     if world == 1:  # one rank has no peers to regroup with
         assert sim.slots == plain.slots
         return
-    start = 0
+    start = at = 0
     while start < plain.steps:
         number = plain.slots[0][start].round
         end = start
@@ -133,16 +169,17 @@ def test_the_simulated_epoch_lays_out_each_aligned_round_as_regroup_round_does(c
         layout = regroup_round([[[s.cost for s in g] for g in rank] for rank in aligned], budget,
                                cfg.ranks_per_node or world, seed=f"{cfg.seed}:{epoch}:{number}")
         want = aligned if layout is None else apply_layout(layout, aligned)
-        for q in range(end - start):
+        for q in range(len(want[0])):
             step = [s for rank in want for s in rank[q]]
             for r in range(world):
-                got = sim.slots[r][start + q]
+                got = sim.slots[r][at + q]
                 assert [s.uid for s in got.samples] == [s.uid for s in want[r][q]]
                 assert (got.round, got.position) == (number, plain.slots[r][start + q].position)
                 assert got.padded_tokens == budget.group_cost(list(want[r][q]))
                 assert got.global_label_tokens == sum(s.cost.label_tokens for s in step)
                 assert got.global_samples == len(step)
-        start = end
+        start, at = end, at + len(want[0])
+    assert at == sim.steps
 
 
 def _lpt_with_room(rest, tokens, bins, budget, cost_model):
@@ -223,22 +260,21 @@ def test_regroup_round_keeps_the_encoder_caps():
     assert regroup_round(lone, dataclasses.replace(capped, cost_mode="packed"), seed=None) is not None
 
 
-def test_a_round_with_fewer_groups_than_steps_splits_its_largest_group():
-    """Samples 0-4 of 3000, 100, 100, 100 and 50 tokens in 4 steps: the minimal maximal cost
-    leaves 3000 alone and runs the four short ones together (its cost is under 3000's). Every
-    step must train something, so the largest group splits in halves, {1, 2} and {3, 4}, then
-    the first of the largest again, {1} and {2}; steps go costliest first: {0}, {3, 4} (two
-    rows of 100), {1}, {2}. Rank 0 holds every byte, so it trains every group."""
+def test_a_thin_round_takes_the_fewest_steps_its_groups_need():
+    """Samples 0-4 of 3000, 100, 100, 100 and 50 tokens in 4 aligned steps of a 4096-token padded
+    budget: the longest-first cut needs two groups ({0} and the four short ones together), which
+    two ranks train in one step. Rank 0 holds every byte, so the costlier group stays there."""
     costs = _sparse_round([[3000], [100, 100], [100], [50]])
     layout = regroup_round(costs, Budget(4096), seed=None)
-    assert layout == [[[(0, 0, 0)], [(0, 2, 0), (0, 3, 0)], [(0, 1, 0)], [(0, 1, 1)]], [[], [], [], []]]
+    assert layout == [[[(0, 0, 0)]], [[(0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 3, 0)]]]
 
 
 @pytest.mark.parametrize("first, second, budget", [
     # padded: two rows of 1000 cost more than one of 1500 (by token sums the other way round)
     ([1500], [1000, 10], Budget(4096)),
     # packed: LPT puts 10 tokens in one group and 6 + 5 in the other, which cost more together
-    ([10], [6, 5], Budget(64, "packed", 1)),
+    # (21 tokens need both steps of an 11-token budget)
+    ([10], [6, 5], Budget(11, "packed", 1)),
 ])
 def test_steps_go_costliest_first_by_the_budgets_group_cost(first, second, budget):
     """Without a seed the costlier group, the second slot's, becomes the first step."""
@@ -269,3 +305,16 @@ def test_a_round_of_unrelated_lengths_gets_steps_of_neighbouring_lengths():
     assert step_time(regrouped) < 0.8 * step_time(costs)
     # each long sample stayed where it was (placement keeps bytes on their rank)
     assert layout[0][[p for p in range(2) if regrouped[0][p] and regrouped[0][p][0] is long][0]][0] == (0, 0, 0)
+
+
+def test_a_packed_round_takes_the_fewest_steps_its_tokens_allow():
+    """Two ranks, three aligned steps of 100-token samples (a rank's tail left them thin):
+    600 tokens fit one step of two 512-token groups, packed or padded."""
+    costs = [[[SampleCost(100, 1)] for _ in range(3)], [[SampleCost(100, 1)] for _ in range(3)]]
+    for budget in (Budget(512, "packed", 1), Budget(512)):
+        layout = regroup_round(costs, budget, seed=None)
+        assert [len(rank) for rank in layout] == [1, 1]
+        assert sorted(len(rank[0]) for rank in layout) == [3, 3]
+    # 700 tokens do not fit two 300-token groups: two steps, not one
+    tight = [[[SampleCost(100, 1)] for _ in range(4)], [[SampleCost(100, 1)] for _ in range(3)] + [[]]]
+    assert [len(rank) for rank in regroup_round(tight, Budget(300, "packed", 1), seed=None)] == [2, 2]
