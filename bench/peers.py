@@ -71,7 +71,7 @@ def _verl_micro_batches(verl, lengths: np.ndarray, max_token_len: int, min_count
     width = int(l.max())
     mask = (torch.arange(width)[None, :] < l[:, None]).long()
     batch = {"input_ids": torch.zeros(mask.shape, dtype=torch.long), "attention_mask": mask}
-    _, idx = verl.rearrange_micro_batches(batch, max(max_token_len, width), min_num_micro_batch=min_count)
+    _, idx = verl.rearrange_micro_batches(batch, max_token_len, min_num_micro_batch=min_count)
     return [list(map(int, part)) for part in idx]
 
 
@@ -119,17 +119,19 @@ def _global_batches(p: Profile, global_batch: int, seed: int, sorted_windows: bo
 
 def verl_dynamic(p: Profile, world: int, budget: int, global_batch: int, seed: int = 0,
                  sorted_windows: bool = False) -> Optional[Schedule]:
-    """verl's dynamic batch size (see the module docstring); None without verl."""
+    """verl's dynamic batch size (see the module docstring); None without verl. verl refuses a
+    sample longer than `max_token_len`, so that is L_max or the longest sample, if longer."""
     verl, _ = verl_module()
     if verl is None:
         return None
+    max_token_len = max(budget, int(p.tokens.max()))
     steps: List[List[np.ndarray]] = []
     ends: List[int] = []
     for batch in _global_batches(p, global_batch, seed, sorted_windows):
-        steps += _verl_step(verl, p, batch, world, budget)
+        steps += _verl_step(verl, p, batch, world, max_token_len)
         ends.append(len(steps) - 1)
     name = "verl_windows" if sorted_windows else "verl"
-    note = f"global batch {global_batch}, max_token_len {budget}" + (
+    note = f"global batch {global_batch}, max_token_len {max_token_len}" + (
         f", length-sorted windows of {WINDOW_BATCHES} batches" if sorted_windows else "")
     return Schedule(name, world, steps, cost_mode="packed", step_ends=ends, note=note)
 

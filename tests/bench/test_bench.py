@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from bench import demo_workload, measured_report, tables
+from bench import demo_workload, measured_report, peers, tables
 from bench import methods as M
 from bench import workloads as P
 from bench.methods import Schedule
@@ -91,9 +91,16 @@ def _all_schedules(p, world=4, bs=2):
            M.sorted_by_length(p, world, bs), M.sorted_shuffled(p, world, bs),
            M.group_by_length(p, world, bs), M.gmt(p, world, b), M.bmt(p, world, b),
            M.gmt(p, world, b, cache="text"), M.odb(p, world, b), M.odb(p, world, b, join=False),
-           M.odb_samples(M.standard(p, world, 2, accumulation=4), p, b)]
+           M.odb_samples(M.standard(p, world, 2, accumulation=4), p, b),
+           M.gmt(p, world, b, shuffle=False), M.bmt(p, world, b, shuffle=False),
+           peers.window_pack(p, world, b, 256, peers.sample_seconds_of(p, M8), M8.fits),
+           peers.window_pack(p, world, b, len(p), peers.sample_seconds_of(p, M8), M8.fits, name="epoch_pack")]
+    for sorted_windows in (False, True):
+        verl = peers.verl_dynamic(p, world, b, 8 * world, sorted_windows=sorted_windows)
+        assert verl is not None, peers.verl_module()[1]
+        out.append(verl)
     if p.text_only:
-        out.append(M.packing(p, world, b))
+        out += [M.packing(p, world, b), M.packing(p, world, b, shuffle=False)]
     out.append(M.odb(p, world, b, cost_mode="packed", name="odb_pf"))
     out.append(M.odb(p, world, b, name="odb_global", global_grouping=True, ranks_per_node=2))
     out.append(M.odb(p, world, b, cost_mode="packed", name="odb_pf_global", global_grouping=True))
