@@ -16,6 +16,8 @@ from .simulate import Features, Result, check_ledger, evaluate, explain, feature
 from .step_model import H20_1NODE, H20_2NODES, MODELS, StepModel, build_step_model
 from .workloads import Profile
 
+from odb_factory.balance import StageCostModel
+
 SETTINGS = {
     "1n-full": ("1 node · full FT", H20_1NODE, "full"),
     "1n-lora": ("1 node · LoRA", H20_1NODE, "lora"),
@@ -149,6 +151,12 @@ def peer_schedules(lab: Lab, p: Profile, world: int, m: StepModel, model: str, m
     return keys
 
 
+def engine_vision_cost(m: StepModel) -> StageCostModel:
+    """The vision encoder's cost as the loader's post-balancing prices a sample (linear in its
+    patch total, see balance/step_plan.py), with the step model's coefficients."""
+    return StageCostModel(c0=m.v0, a=m.va, b=0.0)
+
+
 def limit_result(r: Result) -> Result:
     """The limit for a padding-free schedule: every step's work (its padding-free LLM and vision
     cost, per-rank constants included) spread perfectly over the ranks, max = mean, with the same
@@ -169,30 +177,31 @@ def evaluate_row(lab: Lab, p: Profile, model: str, setting: str, mfu: float) -> 
     world = hw.world
     bs = max(1, m.safe_batch(int(p.tokens.max()), int(p.patches.max())))
     keys = {**common_schedules(lab, p, world), **batch_schedules(lab, p, world, bs)}
-    bal_key = ("odb_balanced", p.name, world, model, mode)
-    lab.schedule(bal_key, lambda: M.post_balance(lab.schedules[keys["odb"]], p, m.token_cost,
-                                                 m.cap_tokens, hw.gpus_per_node), len(p))
-    keys["odb_balanced"] = bal_key
-    if "odb_global" in keys:
-        gb_key = ("odb_global_balanced", p.name, world, model, mode)
-        lab.schedule(gb_key, lambda: M.post_balance(lab.schedules[keys["odb_global"]], p, m.token_cost,
-                                                    m.cap_tokens, hw.gpus_per_node), len(p))
-        keys["odb_global_balanced"] = gb_key
-    if "odb_pf" in keys:
-        pf_key = ("odb_pf_balanced", p.name, world, model, mode)
-        lab.schedule(pf_key, lambda: M.post_balance(lab.schedules[keys["odb_pf"]], p, m.token_cost,
-                                                    m.cap_tokens, hw.gpus_per_node, mode="lpt"), len(p))
-        keys["odb_pf_balanced"] = pf_key
-    for name, source in (("odb_balanced_2stage", bal_key), ("odb_pf_balanced_2stage", keys.get("odb_pf_balanced")),
-                         ("odb_global_balanced_2stage", keys.get("odb_global_balanced"))):
-        if p.text_only or source is None:
-            continue
-        key2 = (name, p.name, world, model, mode)
-        lab.schedule(key2, lambda source=source, name=name: M.Schedule(
-            name, world, lab.schedules[source].steps, cost_mode=lab.schedules[source].cost_mode,
-            note=lab.schedules[source].note + " + encoder stage",
-            extra={"encoder_balanced": True}), len(p))
-        keys[name] = key2
+    vision = engine_vision_cost(m)
+
+    def balanced(name: str, source: str, mode_: str, encoder_stage: bool = False) -> None:
+        """`source` post-balanced (padded: under the memory cap; lpt: the packed plan_step,
+        vision priced with the sample unless the encoder stage balances it on its own)."""
+        if source not in keys or (encoder_stage and p.text_only):
+            return
+        key = (name, p.name, world, model, mode)
+        if encoder_stage and mode_ == "padded":  # the same plan as without the stage: reuse it
+            plain = lab.schedules[keys[f"{source}_balanced"]]
+            build = lambda: dataclasses.replace(  # noqa: E731
+                plain, method=name, note=plain.note + " + encoder stage", extra={**plain.extra, "encoder_balanced": True})
+        else:
+            build = lambda: M.post_balance(  # noqa: E731
+                lab.schedules[keys[source]], p, m.token_cost, m.cap_tokens, hw.gpus_per_node, mode=mode_,
+                encoder_stage=encoder_stage, vision_cost=None if encoder_stage else vision)
+        lab.schedule(key, build, len(p))
+        keys[name] = key
+
+    for source in ("odb", "odb_global"):
+        balanced(f"{source}_balanced", source, "padded")
+        balanced(f"{source}_balanced_2stage", source, "padded", encoder_stage=True)
+    for source in ("odb_pf", "odb_pf_global"):
+        balanced(f"{source}_balanced", source, "lpt")
+        balanced(f"{source}_balanced_2stage", source, "lpt", encoder_stage=True)
     if not p.text_only:
         tkey = ("gmt_textcache", p.name, world, m.cap_tokens)
         if tkey not in lab.schedules:

@@ -30,8 +30,10 @@ Methods (bench/README.md explains each and its knobs):
   odb_pf_global     both
   odb_pf            ODB with padding-free groups (`odb_padding_free: true`): budget on real
                     tokens, a group costs sum(len) and sum(len**2) (varlen attention)
-  odb_pf_balanced   odb_pf, every step re-balanced with LPT on a*len + b*len**2 (+ encoder
-                    stage on multimodal workloads: odb_pf_balanced_2stage)
+  odb_pf_balanced   odb_pf, every step re-balanced with LPT on a*len + b*len**2 plus the
+                    sample's vision work, as the loader's plan_step prices it (+ encoder stage on
+                    multimodal workloads, the LLM cost alone: odb_pf_balanced_2stage)
+  odb_pf_global_balanced  odb_pf_global, then post-balanced as odb_pf_balanced (+ _2stage)
   limit             not a schedule: odb_pf_global's work spread perfectly over the ranks of
                     every step (max = mean), with the same fixed costs (bench.lab.limit_result)
 """
@@ -277,7 +279,8 @@ def odb_samples(standard_schedule: Schedule, p: Profile, budget: int, cost_mode:
 
 
 def post_balance(s: Schedule, p: Profile, token_cost: Callable, cap_tokens: int,
-                 ranks_per_node: int = 8, encoder_stage: bool = False, mode: str = "padded") -> Schedule:
+                 ranks_per_node: int = 8, encoder_stage: bool = False, mode: str = "padded",
+                 vision_cost: Optional[Callable] = None) -> Schedule:
     """Re-balance every micro-step's samples across ranks with odb_factory.balance (padded
     mode: rank cost = count * g(longest), exact min-max under the memory cap in padded
     tokens), then keep the plan; the slowest rank still sets the step in the simulation.
@@ -286,8 +289,9 @@ def post_balance(s: Schedule, p: Profile, token_cost: Callable, cap_tokens: int,
     their images. `encoder_stage=True` marks the schedule so the simulation also re-balances
     each step's images across ranks for the vision encoder on their own (OrchMLLM's
     per-stage balance: the vision stage and the LLM stage each wait for their slowest rank).
-    mode "lpt" (padding-free schedules): rank cost = sum of token_cost(len), LPT, uncapped, as the
-    loader runs it for packed budgets."""
+    mode "lpt" (padding-free schedules): rank cost = sum of token_cost(len) + vision_cost(patches)
+    (a sample's patch total priced as one image, as the loader's plan_step sees it), LPT,
+    uncapped, as the loader runs it for packed budgets."""
     from odb_factory.balance import balance
 
     steps, ratios = [], []
@@ -297,6 +301,9 @@ def post_balance(s: Schedule, p: Profile, token_cost: Callable, cap_tokens: int,
             steps.append(step)
             continue
         costs = [token_cost(l) for l in lengths]
+        if mode != "padded" and vision_cost is not None:
+            costs = [c + np.where(p.patches[b] > 0, vision_cost(p.patches[b].astype(np.float64)), 0.0)
+                     for c, b in zip(costs, step)]
         try:
             plan = balance(costs, ranks_per_node, mode, lengths_per_rank=lengths,
                            cost_model=token_cost if mode == "padded" else None,

@@ -44,6 +44,8 @@ METHODS: List[Tuple[str, str]] = [
     ("odb_pf_global", "ODB padding-free + global grouping"),
     ("odb_pf_balanced", "ODB padding-free + post-bal."),
     ("odb_pf_balanced_2stage", "ODB padding-free + post-bal. + encoder stage"),
+    ("odb_pf_global_balanced", "ODB padding-free + global grouping + post-bal."),
+    ("odb_pf_global_balanced_2stage", "ODB padding-free + global grouping + post-bal. + encoder stage"),
     ("limit", "limit (padding-free, perfectly balanced)"),
 ]
 LABEL = dict(METHODS)
@@ -134,7 +136,8 @@ def main_table(rows: Sequence[Mapping]) -> str:
 
 
 ODB_VARIANTS = ("odb", "odb_nonjoin", "odb_balanced", "odb_balanced_2stage", "odb_global", "odb_global_balanced",
-                "odb_global_balanced_2stage", "odb_pf", "odb_pf_global", "odb_pf_balanced", "odb_pf_balanced_2stage")
+                "odb_global_balanced_2stage", "odb_pf", "odb_pf_global", "odb_pf_balanced", "odb_pf_balanced_2stage",
+                "odb_pf_global_balanced", "odb_pf_global_balanced_2stage")
 NOT_COMPARED = ("limit",)  # a bound, not a method
 
 

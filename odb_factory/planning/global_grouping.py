@@ -18,6 +18,7 @@ Pure and deterministic: every rank computes the same layout from the same gather
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import random
 from typing import List, Optional, Sequence, Tuple
@@ -112,7 +113,33 @@ def _padded(rest: np.ndarray, tokens: np.ndarray, bins: int, budget: Budget,
 
 def _packed(rest: np.ndarray, tokens: np.ndarray, bins: int, budget: Budget,
             cost_model: StageCostModel) -> Optional[List[List[int]]]:
-    """LPT: costliest first onto the least-loaded group with room for its tokens."""
+    """LPT on cost (costliest first onto the least-loaded group with room for its tokens); where
+    that strands a sample, best-fit decreasing on tokens, which fills groups tighter: near the
+    fewest step count every group is almost full, so their costs are close anyway."""
+    return _lpt(rest, tokens, bins, budget, cost_model) or _best_fit(rest, tokens, bins, budget)
+
+
+def _best_fit(rest: np.ndarray, tokens: np.ndarray, bins: int, budget: Budget) -> Optional[List[List[int]]]:
+    """Longest first into the fullest group it fits (the fewest groups a greedy packing needs)."""
+    room = [float(budget.token_budget)] * bins   # kept sorted ascending beside `order`
+    order = list(range(bins))
+    groups: List[List[int]] = [[] for _ in range(bins)]
+    for sample in rest[np.argsort(-tokens[rest], kind="stable")].tolist():
+        size = float(tokens[sample])
+        at = bisect.bisect_left(room, size)
+        if at == bins:
+            return None
+        b = order.pop(at)
+        left = room.pop(at) - size
+        groups[b].append(sample)
+        where = bisect.bisect_left(room, left)
+        room.insert(where, left)
+        order.insert(where, b)
+    return groups
+
+
+def _lpt(rest: np.ndarray, tokens: np.ndarray, bins: int, budget: Budget,
+         cost_model: StageCostModel) -> Optional[List[List[int]]]:
     cost = np.asarray(cost_model(tokens[rest]), dtype=np.float64)
     order = np.argsort(-cost, kind="stable")
     heap = [(0.0, b) for b in range(bins)]

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from odb_factory import SampleCost
-from odb_factory.balance import QWEN3_VL_LLM, StageCostModel
+from odb_factory.balance import QWEN3_VL_LLM, QWEN3_VL_VISION, StageCostModel
 from odb_factory.balance.step_plan import BYTES_PER_TOKEN, StepBalance, plan_step
 
 IDENTITY = StageCostModel(0.0, 1.0, 0.0)   # cost = padded length
@@ -63,6 +63,24 @@ def test_min_move_uses_the_tolerance():
     assert tight.target == 30 and tight.target_met and sorted(tight.cost_per_rank) == [30, 30]
     loose = plan_step(costs, StepBalance(mode="min_move", tolerance=0.5, cost_model=IDENTITY))
     assert loose.target == 45 and loose.moves == [] and loose.cost_per_rank == [40, 20]
+
+
+def test_packed_plans_price_each_samples_vision_with_it_padded_plans_do_not():
+    """Rank 0: one 10-token sample with 100 patches; rank 1: three 10-token samples without.
+    The encoder runs where the sample trains, so a packed plan sees 10 + 100 against 30 and
+    moves nothing; without the vision model it sees 10 | 30 and moves one sample to rank 0."""
+    model = StageCostModel(0.0, 1.0, 0.0)
+    costs = [[SampleCost(10, 10, vision_patches=100)], [c(10), c(10), c(10)]]
+    for mode in ("lpt", "min_move"):
+        plan = plan_step(costs, StepBalance(mode=mode, cost_model=model, vision_cost_model=model, tolerance=0.0))
+        assert plan.cost_before == [110, 30] and plan.moves == [], mode
+        blind = plan_step(costs, StepBalance(mode=mode, cost_model=model, vision_cost_model=None, tolerance=0.0))
+        assert blind.cost_before == [10, 30] and sorted(blind.cost_per_rank) == [20, 20], mode
+    padded = plan_step(costs, StepBalance(cost_model=model, vision_cost_model=model))
+    assert padded.cost_before == [10, 30]
+    # the default prices the vision tower per patch, without the per-image attention term
+    default = plan_step(costs, StepBalance(mode="lpt"))
+    assert default.cost_before[0] == pytest.approx(float(QWEN3_VL_LLM(10)) + 100 * QWEN3_VL_VISION.a)
 
 
 @pytest.mark.parametrize("mode", ["padded", "lpt", "min_move"])

@@ -104,8 +104,8 @@ def _fewest_padded_groups(costs, budget):
 
 
 def _assert_fewest_packed_steps(costs, budget, world, steps):
-    """A packed layout of T' steps: no fewer steps hold the round's tokens, or LPT could not
-    fill T' - 1 steps' groups."""
+    """A packed layout of T' steps: no fewer steps hold the round's tokens, or neither LPT nor
+    best fit could fill T' - 1 steps' groups."""
     import numpy as np
     from odb_factory.planning.global_grouping import _packed
     tokens = np.array([c.input_tokens for rank in costs for slot in rank for c in slot], dtype=np.float64)
@@ -200,22 +200,46 @@ def _lpt_with_room(rest, tokens, bins, budget, cost_model):
     return groups
 
 
+def _best_fit_by_scan(rest, tokens, bins, budget):
+    """The rooms best-fit decreasing leaves, by a linear scan: longest first into the group with
+    the least room that still holds it (which of equal rooms does not change the rooms left)."""
+    room = [float(budget.token_budget)] * bins
+    for k in sorted(rest.tolist(), key=lambda k: (-tokens[k], k)):
+        fits = [b for b in range(bins) if room[b] >= tokens[k]]
+        if not fits:
+            return None
+        room[min(fits, key=lambda b: room[b])] -= tokens[k]
+    return sorted(room)
+
+
 @settings(max_examples=300)
 @given(st.lists(st.sampled_from([1, 7, 8, 16, 50, 64, 100, 128]), min_size=1, max_size=40),
        st.integers(1, 8), st.sampled_from([64, 128, 256]))
 @example([7926, 3206, 2317, 827, 5563, 1869, 720, 1721], 3, 8192)
-def test_packed_regrouping_is_lpt_under_the_token_budget(lengths, bins, budget_tokens):
-    """The packed layout's groups, against LPT written as a linear scan (lengths repeat, so
-    ties in cost and exact fits of a group's room happen). In the explicit example the
-    least-loaded group lacks the room for a sample another group has (long samples cost more
-    a token), so groups are passed over and must stay candidates."""
+@example([50, 50, 40, 30, 30], 2, 100)
+def test_packed_regrouping_is_lpt_or_else_best_fit_under_the_token_budget(lengths, bins, budget_tokens):
+    """The packed layout's groups: LPT written as a linear scan (lengths repeat, so ties in
+    cost and exact fits of a group's room happen) where it places every sample, else best-fit
+    decreasing, which places them wherever any greedy does. In the first explicit example the
+    least-loaded group lacks the room for a sample another group has (long samples cost more a
+    token), so groups are passed over and must stay candidates; in the second LPT deals the 50s
+    to both groups of 100 and strands the last 30, which best fit places (50+50 | 40+30+30)."""
     import numpy as np
     from odb_factory.planning.global_grouping import _packed
     budget = Budget(budget_tokens, "packed")
     tokens = np.array(lengths, dtype=np.float64)
     rest = np.arange(len(lengths), dtype=np.int64)
-    assert _packed(rest, tokens, bins, budget, QWEN3_VL_LLM) == _lpt_with_room(
-        rest, tokens, bins, budget, QWEN3_VL_LLM)
+    lpt = _lpt_with_room(rest, tokens, bins, budget, QWEN3_VL_LLM)
+    got = _packed(rest, tokens, bins, budget, QWEN3_VL_LLM)
+    if lpt is not None:
+        assert got == lpt
+        return
+    room = _best_fit_by_scan(rest, tokens, bins, budget)
+    if room is None:
+        assert got is None
+        return
+    assert sorted(i for g in got for i in g) == rest.tolist()
+    assert sorted(budget.token_budget - tokens[g].sum() for g in got) == room
 
 
 def test_regroup_round_edge_cases_by_hand():
@@ -234,11 +258,13 @@ def test_regroup_round_edge_cases_by_hand():
 
 
 def test_a_round_regroup_round_cannot_lay_out_keeps_its_slots():
-    """{5, 5} | {4, 3, 3} fill a 10-token packed budget, but LPT (5, 5, then 4 beside a 5)
-    leaves no room for the last 3: regroup_round gives None, and the round stays as it was."""
+    """{7, 3} | {6, 2, 2} | {5, 3, 2} fill three 10-token packed groups, but LPT (7, 6, 5, then
+    3, 3 beside the 5 and the 6) and best fit (7+3, 6+3, 5+2+2, then no room for the last 2)
+    both strand a sample: regroup_round gives None, and the round stays as it was."""
     budget = Budget(10, "packed", 1)
-    samples = [PlannedSample(f"u{k}", k, SampleCost(n, 1)) for k, n in enumerate([5, 5, 4, 3, 3])]
-    slots = [[Slot(tuple(samples[:2]), 3, 0, 2, 2, 10), Slot(tuple(samples[2:]), 3, 1, 3, 3, 10)]]
+    samples = [PlannedSample(f"u{k}", k, SampleCost(n, 1)) for k, n in enumerate([7, 3, 6, 2, 2, 5, 3, 2])]
+    slots = [[Slot(tuple(samples[:2]), 3, 0, 2, 2, 10), Slot(tuple(samples[2:5]), 3, 1, 3, 3, 10),
+              Slot(tuple(samples[5:]), 3, 2, 3, 3, 10)]]
     assert regroup_round([[[s.cost for s in slot.samples] for slot in slots[0]]], budget) is None
     assert regroup_slots(slots, budget, 1, seed="s") == slots
 
