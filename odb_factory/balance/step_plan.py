@@ -13,14 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from ..balance import QWEN3_VL_LLM, QWEN3_VL_VISION, BalancePlan, StageCostModel, balance
+from ..balance import QWEN3_VL_LLM, VISION_BY_PATCH_TOTAL, BalancePlan, StageCostModel, balance
 from ..cost import SampleCost
 
 BYTES_PER_TOKEN = 8  # token id + label, int32 each: what a pre-collate sample carries
-# The vision tower's per-patch work, without its per-image attention term: a patch total cannot
-# tell one large image from many small ones, and pricing it as one image overestimates many
-# (measured in bench: per-step imbalance 1.6% with the quadratic, 0.6% without, MM-Mix).
-VISION_BY_PATCH_TOTAL = StageCostModel(c0=0.0, a=QWEN3_VL_VISION.a, b=0.0)
 
 
 @dataclass(frozen=True)

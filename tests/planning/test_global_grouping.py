@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from odb_factory import ODBConfig, SampleCost
-from odb_factory.balance.cost_model import QWEN3_VL_LLM
+from odb_factory.balance.cost_model import QWEN3_VL_LLM, VISION_BY_PATCH_TOTAL
 from odb_factory.planning.global_grouping import apply_layout, regroup_round, regroup_slots
 from odb_factory.planning.grouping import Budget, PlannedSample
 from odb_factory.planning.rounds import Slot
@@ -109,12 +109,14 @@ def _assert_fewest_packed_steps(costs, budget, world, steps):
     import numpy as np
     from odb_factory.planning.global_grouping import _packed
     tokens = np.array([c.input_tokens for rank in costs for slot in rank for c in slot], dtype=np.float64)
+    patches = np.array([c.vision_patches for rank in costs for slot in rank for c in slot], dtype=np.float64)
+    vision = np.asarray(VISION_BY_PATCH_TOTAL(patches), dtype=np.float64)
     alone = int(np.sum(tokens > budget.token_budget))
     rest = np.flatnonzero(tokens <= budget.token_budget)
     assert steps * world * budget.token_budget >= tokens[rest].sum() and steps * world >= alone + (rest.size > 0)
     fewer = world * (steps - 1) - alone
     if steps > 1 and fewer >= 1 and rest.size:
-        assert _packed(rest, tokens, fewer, budget, QWEN3_VL_LLM) is None, f"{steps - 1} steps would do"
+        assert _packed(rest, tokens, vision, fewer, budget, QWEN3_VL_LLM) is None, f"{steps - 1} steps would do"
 
 
 @settings(max_examples=120)
@@ -182,10 +184,11 @@ def test_the_simulated_epoch_lays_out_each_aligned_round_as_regroup_round_does(c
     assert at == sim.steps
 
 
-def _lpt_with_room(rest, tokens, bins, budget, cost_model):
-    """LPT by a linear scan: costliest first (ties: earlier first) onto the least-loaded group
-    (ties: lowest) whose room still holds the sample's tokens; None when none does."""
-    cost = [float(cost_model(float(tokens[k]))) for k in rest]
+def _lpt_with_room(rest, tokens, vision, bins, budget, cost_model):
+    """LPT by a linear scan: costliest first (ties: earlier first; cost = the LLM's plus the
+    vision tower's) onto the least-loaded group (ties: lowest) whose room still holds the
+    sample's tokens; None when none does."""
+    cost = [float(cost_model(float(tokens[k]))) + float(vision[k]) for k in rest]
     order = sorted(range(len(rest)), key=lambda j: (-cost[j], j))
     load, room = [0.0] * bins, [float(budget.token_budget)] * bins
     groups = [[] for _ in range(bins)]
@@ -213,24 +216,30 @@ def _best_fit_by_scan(rest, tokens, bins, budget):
 
 
 @settings(max_examples=300)
-@given(st.lists(st.sampled_from([1, 7, 8, 16, 50, 64, 100, 128]), min_size=1, max_size=40),
+@given(st.lists(st.tuples(st.sampled_from([1, 7, 8, 16, 50, 64, 100, 128]), st.sampled_from([0, 0, 16, 4096])),
+                min_size=1, max_size=40),
        st.integers(1, 8), st.sampled_from([64, 128, 256]))
-@example([7926, 3206, 2317, 827, 5563, 1869, 720, 1721], 3, 8192)
-@example([50, 50, 40, 30, 30], 2, 100)
-def test_packed_regrouping_is_lpt_or_else_best_fit_under_the_token_budget(lengths, bins, budget_tokens):
+@example([(n, 0) for n in (7926, 3206, 2317, 827, 5563, 1869, 720, 1721)], 3, 8192)
+@example([(n, 0) for n in (50, 50, 40, 30, 30)], 2, 100)
+@example([(10, 0), (10, 4096), (10, 0)], 2, 64)
+def test_packed_regrouping_is_lpt_or_else_best_fit_under_the_token_budget(samples, bins, budget_tokens):
     """The packed layout's groups: LPT written as a linear scan (lengths repeat, so ties in
     cost and exact fits of a group's room happen) where it places every sample, else best-fit
     decreasing, which places them wherever any greedy does. In the first explicit example the
     least-loaded group lacks the room for a sample another group has (long samples cost more a
     token), so groups are passed over and must stay candidates; in the second LPT deals the 50s
-    to both groups of 100 and strands the last 30, which best fit places (50+50 | 40+30+30)."""
+    to both groups of 100 and strands the last 30, which best fit places (50+50 | 40+30+30).
+    In the third the sample with 4096 patches is the costliest and gets a group to itself."""
     import numpy as np
     from odb_factory.planning.global_grouping import _packed
     budget = Budget(budget_tokens, "packed")
-    tokens = np.array(lengths, dtype=np.float64)
-    rest = np.arange(len(lengths), dtype=np.int64)
-    lpt = _lpt_with_room(rest, tokens, bins, budget, QWEN3_VL_LLM)
-    got = _packed(rest, tokens, bins, budget, QWEN3_VL_LLM)
+    tokens = np.array([n for n, _ in samples], dtype=np.float64)
+    vision = np.array([float(VISION_BY_PATCH_TOTAL(v)) for _, v in samples])
+    rest = np.arange(len(samples), dtype=np.int64)
+    lpt = _lpt_with_room(rest, tokens, vision, bins, budget, QWEN3_VL_LLM)
+    got = _packed(rest, tokens, vision, bins, budget, QWEN3_VL_LLM)
+    if samples == [(10, 0), (10, 4096), (10, 0)]:
+        assert sorted(map(sorted, got)) == [[0, 2], [1]]
     if lpt is not None:
         assert got == lpt
         return
