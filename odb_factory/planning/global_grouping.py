@@ -73,7 +73,8 @@ def regroup_round(costs: Sequence[Sequence[Sequence[SampleCost]]], budget: Budge
         if budget.cost_mode == "padded":
             groups = _padded(rest, tokens, bins, budget, cost_model)
         else:
-            groups = _packed(rest, tokens, vision, bins, budget, cost_model)
+            head_start = _beside_alone(alone, tokens, vision, world, bins, cost_model)
+            groups = _packed(rest, tokens, vision, bins, budget, cost_model, head_start)
         if groups is None:
             continue
         groups = [[k] for k in alone] + groups
@@ -116,12 +117,27 @@ def _padded(rest: np.ndarray, tokens: np.ndarray, bins: int, budget: Budget,
     return [rest[g].tolist() for g in local]
 
 
+def _beside_alone(alone: Sequence[int], tokens: np.ndarray, vision: np.ndarray, world: int, bins: int,
+                  cost_model: StageCostModel) -> List[float]:
+    """Initial LPT loads: the groups that will share a step with over-budget samples (the
+    costliest groups, dealt W per step) start at minus the costliest of them, so LPT fills them
+    up to it first; the step waits for that sample anyway. In a thin round (a rank's tail) this
+    keeps the other steps' ranks from idling beside it."""
+    cost = sorted((float(cost_model(tokens[k])) + float(vision[k]) for k in alone), reverse=True)
+    loads: List[float] = []
+    for first in range(0, len(cost), world):
+        loads += [-cost[first]] * (world - len(cost[first:first + world]))
+    return (loads + [0.0] * bins)[:bins]
+
+
 def _packed(rest: np.ndarray, tokens: np.ndarray, vision: np.ndarray, bins: int, budget: Budget,
-            cost_model: StageCostModel) -> Optional[List[List[int]]]:
-    """LPT on cost (costliest first onto the least-loaded group with room for its tokens); where
-    that strands a sample, best-fit decreasing on tokens, which fills groups tighter: near the
-    fewest step count every group is almost full, so their costs are close anyway."""
-    return _lpt(rest, tokens, vision, bins, budget, cost_model) or _best_fit(rest, tokens, bins, budget)
+            cost_model: StageCostModel, head_start: Optional[Sequence[float]] = None) -> Optional[List[List[int]]]:
+    """LPT on cost (costliest first onto the least-loaded group with room for its tokens; groups
+    start at `head_start`, default 0); where that strands a sample, best-fit decreasing on
+    tokens, which fills groups tighter: near the fewest step count every group is almost full,
+    so their costs are close anyway."""
+    return (_lpt(rest, tokens, vision, bins, budget, cost_model, head_start)
+            or _best_fit(rest, tokens, bins, budget))
 
 
 def _best_fit(rest: np.ndarray, tokens: np.ndarray, bins: int, budget: Budget) -> Optional[List[List[int]]]:
@@ -144,10 +160,11 @@ def _best_fit(rest: np.ndarray, tokens: np.ndarray, bins: int, budget: Budget) -
 
 
 def _lpt(rest: np.ndarray, tokens: np.ndarray, vision: np.ndarray, bins: int, budget: Budget,
-         cost_model: StageCostModel) -> Optional[List[List[int]]]:
+         cost_model: StageCostModel, head_start: Optional[Sequence[float]] = None) -> Optional[List[List[int]]]:
     cost = np.asarray(cost_model(tokens[rest]), dtype=np.float64) + vision[rest]
     order = np.argsort(-cost, kind="stable")
-    heap = [(0.0, b) for b in range(bins)]
+    heap = [(float(head_start[b]) if head_start else 0.0, b) for b in range(bins)]
+    heapq.heapify(heap)
     room = [float(budget.token_budget)] * bins
     groups: List[List[int]] = [[] for _ in range(bins)]
     # plain Python floats and ints in the loop: numpy scalars cost more than the heap

@@ -107,7 +107,7 @@ def _assert_fewest_packed_steps(costs, budget, world, steps):
     """A packed layout of T' steps: no fewer steps hold the round's tokens, or neither LPT nor
     best fit could fill T' - 1 steps' groups."""
     import numpy as np
-    from odb_factory.planning.global_grouping import _packed
+    from odb_factory.planning.global_grouping import _beside_alone, _packed
     tokens = np.array([c.input_tokens for rank in costs for slot in rank for c in slot], dtype=np.float64)
     patches = np.array([c.vision_patches for rank in costs for slot in rank for c in slot], dtype=np.float64)
     vision = np.asarray(VISION_BY_PATCH_TOTAL(patches), dtype=np.float64)
@@ -116,7 +116,10 @@ def _assert_fewest_packed_steps(costs, budget, world, steps):
     assert steps * world * budget.token_budget >= tokens[rest].sum() and steps * world >= alone + (rest.size > 0)
     fewer = world * (steps - 1) - alone
     if steps > 1 and fewer >= 1 and rest.size:
-        assert _packed(rest, tokens, vision, fewer, budget, QWEN3_VL_LLM) is None, f"{steps - 1} steps would do"
+        head_start = _beside_alone(np.flatnonzero(tokens > budget.token_budget), tokens, vision, world, fewer,
+                                   QWEN3_VL_LLM)
+        assert _packed(rest, tokens, vision, fewer, budget, QWEN3_VL_LLM, head_start) is None, \
+            f"{steps - 1} steps would do"
 
 
 @settings(max_examples=120)
@@ -353,3 +356,15 @@ def test_a_packed_round_takes_the_fewest_steps_its_tokens_allow():
     # 700 tokens do not fit two 300-token groups: two steps, not one
     tight = [[[SampleCost(100, 1)] for _ in range(4)], [[SampleCost(100, 1)] for _ in range(3)] + [[]]]
     assert [len(rank) for rank in regroup_round(tight, Budget(300, "packed", 1), seed=None)] == [2, 2]
+
+
+def test_the_groups_beside_an_over_budget_sample_fill_up_to_it_first():
+    """Two ranks, a 100-token packed budget, one 150-token sample (over budget, alone) and eight
+    of 20 tokens: two steps. The step of the 150-token sample waits for it anyway, so the rank
+    beside it takes a full group (5 x 20) and the other step the rest (40 | 20): 150 + 40 token
+    times instead of 150 + 60 with three even groups."""
+    a, b = SampleCost(150, 1), SampleCost(20, 1)
+    costs = [[[a], [b, b], [b, b]], [[b, b], [b], [b]]]
+    layout = regroup_round(costs, Budget(100, "packed", 1), seed=None)
+    tokens = [[sum(costs[r][p][i].input_tokens for r, p, i in slot) for slot in rank] for rank in layout]
+    assert sorted(map(sorted, zip(*tokens))) == [[20, 40], [100, 150]]
