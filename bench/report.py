@@ -169,9 +169,11 @@ PEERS_INTRO = (
 UNPRICED_EXCHANGES = (
     "Not priced: the sample exchange of global grouping and post-balancing (token ids, labels and "
     "pixel values of the samples that change rank, once per round or step) and the encoder stage's "
-    "embedding exchange; both overlap the previous step in the loader. `python -m bench.balance_bench` "
-    "measures the bytes moved per step; at the hardware model's bus bandwidth they are the rows' "
-    "uncertainty, not their ranking, wherever a variant leads by more than that share.")
+    "embedding exchange; both overlap the previous step in the loader. The column *unpriced exchange ≤* "
+    "bounds them from above (every sample of the epoch moved once at the hardware model's bus "
+    "bandwidth, nothing overlapped, as a share of the fastest ODB variant's time): a row whose margin "
+    "over the next method is larger than that share keeps its ranking. `python -m bench.balance_bench` "
+    "measures the bytes actually moved per step.")
 
 
 # ----------------------------------------------------------------------------- report.md
