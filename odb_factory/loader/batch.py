@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
+
+# Names of 0.1.0, kept as deprecated aliases through 0.2.x (CHANGELOG.md).
+_RENAMED = {"num_tokens": "label_tokens", "global_num_tokens": "global_label_tokens",
+            "num_input_tokens": "input_tokens"}
 
 
 @dataclass
@@ -45,3 +50,12 @@ class ODBBatch:
     @property
     def num_samples(self) -> int:
         return len(self.indices)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for names the instance lacks: the renamed ones warn and answer
+        if name in _RENAMED:
+            new = _RENAMED[name]
+            warnings.warn(f"ODBBatch.{name} is deprecated (renamed {new} in 0.2.0; the old name goes "
+                          f"in 0.3.0): read ODBBatch.{new}", DeprecationWarning, stacklevel=2)
+            return getattr(self, new)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
