@@ -215,14 +215,6 @@ def packing(p: Profile, world: int, budget: int, seed: int = 0, shuffle: bool = 
 
 
 # ----------------------------------------------------------------------------- peer package
-def peer_available() -> bool:
-    try:
-        from odb.grouping import grouping_data  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
 def peer(p: Profile, world: int, budget: int, buffer_size: int = 256, seed: int = 0) -> Optional[Schedule]:
     """The peer package's grouping (online-dynamic-batching 0.1.2, `odb.grouping.grouping_data`)
     as a comparator: one single-rank call (ddp_group=None) per window of `buffer_size` samples

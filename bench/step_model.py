@@ -71,10 +71,6 @@ def fit_step_model(rows: Iterable[Mapping[str, float]], time_key: str = "time_s"
                      float(np.mean(np.abs(rel))), r2)
 
 
-def predict(coef: Mapping[str, float], row: Mapping[str, float]) -> float:
-    return coef.get("c0", 0.0) + sum(coef.get(c, 0.0) * float(row.get(c, 0.0)) for c in FIT_COLUMNS)
-
-
 def describe(m: StepModel) -> Dict[str, float]:
     """Human-scale numbers of a step model (for the report)."""
     return {"model": m.name, "world": m.world, "c0_ms": m.c0 * 1e3,
