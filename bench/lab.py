@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, Optional
 
+from odb_factory.balance import StageCostModel
+
 from . import methods as M
 from . import paper, peers
 from .simulate import Features, Result, check_ledger, evaluate, explain, features
 from .step_model import H20_1NODE, H20_2NODES, MODELS, StepModel, build_step_model
 from .workloads import Profile
-
-from odb_factory.balance import StageCostModel
 
 SETTINGS = {
     "1n-full": ("1 node · full FT", H20_1NODE, "full"),
@@ -152,8 +152,9 @@ def peer_schedules(lab: Lab, p: Profile, world: int, m: StepModel, model: str, m
 
 
 def engine_vision_cost(m: StepModel) -> StageCostModel:
-    """The vision encoder's cost as the loader's post-balancing prices a sample (linear in its
-    patch total, see balance/step_plan.py), with the step model's coefficients."""
+    """The vision encoder's cost from a sample's patch total, as the loader's post-balancing
+    prices it (no per-image attention term, see balance/cost_model.py VISION_BY_PATCH_TOTAL),
+    with the step model's coefficients; its per-image constant counted once per sample."""
     return StageCostModel(c0=m.v0, a=m.va, b=0.0)
 
 

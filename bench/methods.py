@@ -282,8 +282,8 @@ def post_balance(s: Schedule, p: Profile, token_cost: Callable, cap_tokens: int,
     each step's images across ranks for the vision encoder on their own (OrchMLLM's
     per-stage balance: the vision stage and the LLM stage each wait for their slowest rank).
     mode "lpt" (padding-free schedules): rank cost = sum of token_cost(len) + vision_cost(patches)
-    (a sample's patch total priced as one image, as the loader's plan_step sees it), LPT,
-    uncapped, as the loader runs it for packed budgets."""
+    (a function of the sample's patch total, the only vision figure the loader's plan_step
+    sees), LPT, uncapped, as the loader runs it for packed budgets."""
     from odb_factory.balance import balance
 
     steps, ratios = [], []

@@ -48,8 +48,7 @@ QWEN3_VL_LLM = StageCostModel(c0=0.0, a=1.0, b=2.95e5 / 1.39e10)
 QWEN3_VL_VISION = StageCostModel(c0=0.0, a=8.0e8 / 1.39e10, b=1.24e5 / 1.39e10)
 # The vision tower's per-patch work without its per-image attention term: what a sample's patch
 # total alone can price. It cannot tell one large image from many small ones, and pricing the
-# total as one image overestimates many (in bench, per-step imbalance on MM-Mix 2B, 2 nodes:
-# 1.6% with the quadratic term, 0.6% without).
+# total as one image overestimates many.
 VISION_BY_PATCH_TOTAL = StageCostModel(c0=0.0, a=QWEN3_VL_VISION.a, b=0.0)
 
 

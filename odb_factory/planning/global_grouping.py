@@ -29,7 +29,7 @@ from ..balance.caps import Caps
 from ..balance.cost_model import QWEN3_VL_LLM, VISION_BY_PATCH_TOTAL, StageCostModel
 from ..balance.padded import padded_groups
 from ..balance.placement import place
-from ..balance.step_plan import BYTES_PER_TOKEN
+from ..balance.step_plan import BYTES_PER_TOKEN, vision_cost
 from ..cost import SampleCost
 from .grouping import Budget, PlannedSample
 from .rounds import Slot
@@ -62,8 +62,7 @@ def regroup_round(costs: Sequence[Sequence[Sequence[SampleCost]]], budget: Budge
     samples = [costs[r][p][i] for r, p, i in sources]
     tokens = np.array([budget.padded_length(c.input_tokens) if budget.cost_mode == "padded"
                        else c.input_tokens for c in samples], dtype=np.float64)
-    vision = np.zeros(len(samples)) if vision_cost_model is None else np.array(
-        [float(vision_cost_model(c.vision_patches)) if c.vision_patches else 0.0 for c in samples])
+    vision = np.array([vision_cost(c, vision_cost_model) for c in samples], dtype=np.float64)
     alone = [k for k in range(len(samples)) if tokens[k] > budget.token_budget]
     rest = np.array([k for k in range(len(samples)) if tokens[k] <= budget.token_budget], dtype=np.int64)
     for steps in _step_counts(rest, tokens, len(alone), world, slots, budget):
@@ -189,8 +188,7 @@ def _layout(groups: List[List[int]], samples: Sequence[SampleCost], tokens: np.n
     """Steps of W groups of neighbouring LLM cost; each step's groups placed on ranks. Packed
     groups leave LPT with about equal costs, vision included; they differ in how much of it is
     vision, and neighbours by LLM cost share the same mix, so an error in the vision estimate
-    moves a step's groups together (in bench, ordering by the total instead doubles the
-    per-step imbalance on ShareGPT-4o)."""
+    moves a step's groups together."""
     def group_cost(g: List[int]) -> float:
         if not g:
             return 0.0
