@@ -71,8 +71,13 @@ def train(config: dict, nproc: int = 1, timeout: float = 600, check: bool = True
     extra = dict(env_extra)
     if nproc > 1:
         extra.update(FORCE_TORCHRUN="1", NPROC_PER_NODE=str(nproc))
-    proc = subprocess.run(train_command(path, nproc, via_cli), env=env(**extra),
-                          capture_output=True, text=True, timeout=timeout, cwd=str(out_dir.parent))
+    for _ in range(3):
+        proc = subprocess.run(train_command(path, nproc, via_cli), env=env(**extra),
+                              capture_output=True, text=True, timeout=timeout, cwd=str(out_dir.parent))
+        # torchrun binds the rendezvous port a moment after it was found free; another test's
+        # process can take it in between. Only that failure is retried, with a new port.
+        if proc.returncode == 0 or "EADDRINUSE" not in proc.stdout + proc.stderr:
+            break
     (out_dir.parent / f"{out_dir.name}.log").write_text(proc.stdout + proc.stderr)
     if check and proc.returncode != 0:
         raise AssertionError(f"training failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
