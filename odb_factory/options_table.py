@@ -1,7 +1,10 @@
-"""The README's option tables, generated from the declarations (`ODBConfig`, `AdapterOptions`).
+"""The option tables of docs/configuration.md, generated from the declarations (`ODBConfig`,
+`AdapterOptions`).
 
-`python -m odb_factory.options_table README.md` rewrites the generated blocks in place;
-`--check` exits non-zero when they differ (the test suite runs the same comparison).
+The file holds each table between a `BEGIN` and an `END` marker line;
+`python -m odb_factory.options_table docs/configuration.md` rewrites the generated blocks in
+place; `--check` exits non-zero when they differ (tests/test_options_table.py runs the same
+comparison).
 """
 
 from __future__ import annotations

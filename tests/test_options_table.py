@@ -1,4 +1,4 @@
-"""The README's option tables are generated from the declarations and must not drift."""
+"""The option tables of docs/configuration.md are generated from the declarations and must not drift."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ from pathlib import Path
 
 from odb_factory import ODBConfig, options_table
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+CONFIGURATION = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
 
-def test_readme_tables_match_the_declarations():
-    text = README.read_text()
+def test_configuration_tables_match_the_declarations():
+    text = CONFIGURATION.read_text()
     assert options_table.render(text) == text, (
-        "README option tables are out of date: run python -m odb_factory.options_table README.md")
+        "docs/configuration.md option tables are out of date: "
+        "run python -m odb_factory.options_table docs/configuration.md")
 
 
 def test_every_option_appears_in_the_reference():
@@ -26,8 +27,9 @@ def test_every_option_appears_in_the_reference():
 
 
 def test_a_changed_declaration_makes_the_check_fail(tmp_path):
-    stale = README.read_text().replace("| `token_budget` | 4096 |", "| `token_budget` | 1 |")
-    path = tmp_path / "README.md"
+    stale = CONFIGURATION.read_text().replace("| `token_budget` | 4096 |", "| `token_budget` | 1 |")
+    assert stale != CONFIGURATION.read_text()
+    path = tmp_path / "configuration.md"
     path.write_text(stale)
     assert options_table.main([str(path), "--check"]) == 1
     assert options_table.main([str(path)]) == 0 and options_table.main([str(path), "--check"]) == 0
