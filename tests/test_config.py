@@ -32,7 +32,7 @@ def test_yaml_keys_are_derived_from_the_declarations():
     assert lf_keys()["collate_workers"] == "num_collate_workers"
     assert "seed" not in lf_keys() and "gradient_accumulation_steps" not in lf_keys()  # LLaMA-Factory's own
     assert not set(ADAPTER_KEYS) & set(lf_keys()), "an adapter option shadows an engine option"
-    assert sorted(all_keys()) == sorted("odb_" + k for k in ADAPTER_KEYS + list(lf_keys()))
+    assert sorted(all_keys()) == sorted("odb_" + k for k in list(ADAPTER_KEYS) + list(lf_keys()))
     assert lf_defaults() == {"num_collate_workers": 1, "step_mode": "samples", "loss_scaling": "standard"}
 
 

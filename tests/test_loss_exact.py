@@ -238,7 +238,7 @@ def test_llamafactory_token_sum_loss_denominator():
     """LLaMA-Factory's loss: sum of shifted CE / the window's label tokens (HF passes them as
     num_items_in_batch, an int or a tensor); alone it counts this batch's shifted labels."""
     import torch
-    from odb_factory.llamafactory.trainer import token_sum_loss
+    from odb_factory.llamafactory.step_modes import token_sum_loss
     logits, labels = _logits_and_labels()
     total, count = _hand_mean_ce(logits, labels)
     outputs = {"logits": logits}

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..config import LF_PREFIX, ODBConfig, lf_defaults, lf_keys, option, typed_dataclass, unknown_key_message
+from ..versions import ENCODER_STAGE_TRANSFORMERS_RANGES, FLASH_ATTENTION_BROKEN, describe, encoder_stage_supported
 from .padding_free import padding_free_refusal
 
 SUPPORTED_STAGES = ("sft",)
@@ -67,7 +69,7 @@ class AdapterOptions:
                                  "odb_padding_free: true or remove it")
 
 
-ADAPTER_KEYS = [f.name for f in dataclasses.fields(AdapterOptions)]
+ADAPTER_KEYS = tuple(f.name for f in dataclasses.fields(AdapterOptions))
 
 
 @dataclass
@@ -118,7 +120,7 @@ class ODBRunOptions:
 
 def all_keys() -> List[str]:
     """Every valid `odb_*` key."""
-    return [LF_PREFIX + k for k in ADAPTER_KEYS + list(lf_keys())]
+    return [LF_PREFIX + k for k in list(ADAPTER_KEYS) + list(lf_keys())]
 
 
 def split_odb_keys(args: Mapping[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
@@ -176,7 +178,8 @@ def auto_padding_free_without_model(odb: ODBRunOptions, engine_values: Mapping[s
 
 
 # what a padding-free group costs: its real tokens (grouping) and Σ a·len + b·len² (balancing)
-PADDING_FREE_COSTS = {"cost_mode": ("packed", ("packed",)), "balance_mode": ("lpt", ("lpt", "min_move"))}
+PADDING_FREE_COSTS = MappingProxyType({"cost_mode": ("packed", ("packed",)),
+                                       "balance_mode": ("lpt", ("lpt", "min_move"))})
 
 
 def padding_free_costs(engine_values: Mapping[str, Any]) -> Dict[str, Any]:
@@ -189,19 +192,6 @@ def padding_free_costs(engine_values: Mapping[str, Any]) -> Dict[str, Any]:
                              f"group costs its real tokens); remove odb_{name} or set it to {implied}")
         values.setdefault(name, implied)
     return values
-
-
-def hand_accumulation_to_odb(odb: ODBRunOptions, raw: Mapping[str, Any]) -> Dict[str, Any]:
-    """Samples mode: ODB runs a variable number of micro-batches per optimizer step, handed to
-    HF as one item, so HF (and DeepSpeed) must accumulate over 1; the recipe's
-    `gradient_accumulation_steps` becomes the fixed-batch run ODB reproduces. Set before
-    LLaMA-Factory builds TrainingArguments (a DeepSpeed config filled from them must agree)."""
-    if odb.config.step_mode != "samples":
-        return dict(raw)
-    accumulation = typed_dataclass(ODBConfig, {"gradient_accumulation_steps":
-                                               raw.get("gradient_accumulation_steps", 1)}).gradient_accumulation_steps
-    odb.config = dataclasses.replace(odb.config, gradient_accumulation_steps=accumulation)
-    return dict(raw, gradient_accumulation_steps=1)
 
 
 def check_compatible(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
@@ -252,11 +242,6 @@ def _transformers_version() -> str:
     return transformers.__version__
 
 
-# transformers versions whose flash-attention path fails on every call of a model without
-# attention sinks: integrations/flash_attention.py passes `s_aux.to(...)` with s_aux None.
-FLASH_ATTENTION_BROKEN = ("5.6.0",)
-
-
 def version_problems(odb: ODBRunOptions, raw: Mapping[str, Any], transformers_version: str) -> List[str]:
     """What the installed transformers rules out for this run."""
     problems = []
@@ -266,15 +251,14 @@ def version_problems(odb: ODBRunOptions, raw: Mapping[str, Any], transformers_ve
                         "s_aux.to() with s_aux None; 5.6.1 and later guard it, but LLaMA-Factory 0.9.5 "
                         "accepts transformers up to 5.6.0); use flash_attn: sdpa (padding-free rows then "
                         "attend per sample through sdpa), or transformers 4.57.6")
-    from odb_factory_patches.transformers_qwen3_vl import TRANSFORMERS_VERSIONS as VISION_VERSIONS
-    if odb.vision_stage and transformers_version not in VISION_VERSIONS:
+    written_for = describe(ENCODER_STAGE_TRANSFORMERS_RANGES)
+    if odb.vision_stage and not encoder_stage_supported(transformers_version):
         problems.append(f"odb_balance_stages: [vision] runs inside the model's forward as transformers "
-                        f"4.57.1-4.57.6 and 5.6.0 write it; transformers {transformers_version} is "
+                        f"{written_for} write it; transformers {transformers_version} is "
                         "installed. Use odb_balance_stages: [llm]")
-    from odb_factory_patches.transformers_qwen2_5_omni import TRANSFORMERS_VERSIONS as AUDIO_VERSIONS
-    if odb.audio_stage and transformers_version not in AUDIO_VERSIONS:
+    if odb.audio_stage and not encoder_stage_supported(transformers_version):
         problems.append(f"odb_balance_stages: [audio] runs inside Qwen2.5-Omni's thinker as transformers "
-                        f"4.57.1-4.57.6 and 5.6.0 write it; transformers {transformers_version} is "
+                        f"{written_for} write it; transformers {transformers_version} is "
                         "installed. Remove audio from odb_balance_stages")
     if raw.get("include_tokens_per_second") and transformers_version.startswith("4."):
         problems.append("include_tokens_per_second: transformers 4.x counts the tokens by iterating the "

@@ -9,7 +9,6 @@ from typing import Any, Callable, Dict, List, Optional
 
 from transformers import TrainerCallback
 
-from . import state
 from .audit_ledger import AuditLedger, step_record
 from .encoder_metrics import EncoderStageMetrics
 
@@ -21,9 +20,10 @@ def state_path(checkpoint_dir: str, rank: int) -> Path:
 
 
 class ODBCallback(TrainerCallback):
-    def __init__(self, train_loader_of: Callable[[], Any], rank: int, audit_dir: Optional[str],
+    def __init__(self, train_loader_of: Callable[[], Any], progress: Any, rank: int, audit_dir: Optional[str],
                  row_of: Callable[[int], int], max_steps_from_user: bool, num_train_epochs: float):
         self.train_loader_of = train_loader_of
+        self.progress = progress   # the run's SampleProgress (ODBRun.progress)
         self.rank = rank
         self.ledger = AuditLedger(audit_dir, rank) if audit_dir else None
         self.row_of = row_of
@@ -40,22 +40,12 @@ class ODBCallback(TrainerCallback):
             self.ledger.open()
 
     def _restore(self, checkpoint: str, global_step: int) -> None:
-        """Put the loader where the checkpoint's run was. HF then starts its epoch loop at
-        global_step // updates_per_epoch, which in groups mode (a per-epoch step bound) can be
-        an earlier epoch than the loader's: the loader shifts HF's epoch numbers by the
-        difference."""
         path = state_path(checkpoint, self.rank)
         if not path.exists():
             raise FileNotFoundError(
                 f"{path} is missing: this checkpoint was not written by an ODB run with the same "
                 "world size, so ODB cannot resume its data position")
-        saved = json.loads(path.read_text())
-        loader = self.train_loader_of()
-        loader.loader.load_state_dict(saved["loader"])
-        loader.epoch_consumed = saved["epoch_consumed"]
-        state.progress.consumed, state.progress.total = saved["progress"]
-        hf_epoch = global_step // max(1, loader.updates_per_epoch)
-        loader.epoch_shift = max(0, saved["loader"]["epoch"] - hf_epoch)
+        self.train_loader_of().load_state_dict(json.loads(path.read_text()), global_step)
 
     def on_step_end(self, args, trainer_state, control, **kwargs):
         loader = self.train_loader_of()
@@ -67,7 +57,7 @@ class ODBCallback(TrainerCallback):
             # Keep HF's step bound ahead of the real count until the data says stop, and
             # let the estimate follow the samples actually consumed.
             bound_reached = trainer_state.global_step >= trainer_state.max_steps
-            done = state.progress.fraction
+            done = self.progress.fraction
             estimate = round(trainer_state.global_step / done) if done > 0 else trainer_state.max_steps
             trainer_state.max_steps = max(estimate, trainer_state.global_step + 2)
             if trainer_state.epoch >= self.num_train_epochs - 1e-9:
@@ -86,9 +76,7 @@ class ODBCallback(TrainerCallback):
         loader = self.train_loader_of()
         checkpoint = Path(args.output_dir) / f"checkpoint-{trainer_state.global_step}"
         if checkpoint.is_dir():
-            payload = {"loader": loader.loader.state_dict(), "epoch_consumed": loader.epoch_consumed,
-                       "progress": [state.progress.consumed, state.progress.total]}
-            state_path(str(checkpoint), self.rank).write_text(json.dumps(payload))
+            state_path(str(checkpoint), self.rank).write_text(json.dumps(loader.state_dict()))
 
     def _record(self, trainer_state, loader, steps: List[Any]) -> None:
         for step in steps:

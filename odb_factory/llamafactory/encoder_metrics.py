@@ -4,30 +4,22 @@ the forwards since the last log line), the items moved and the bytes this rank s
 
 from __future__ import annotations
 
-import sys
-from typing import Dict
+from types import MappingProxyType
+from typing import Any, Dict, List, Tuple
 
-QWEN3_VL, OMNI = "odb_factory_patches.transformers_qwen3_vl", "odb_factory_patches.transformers_qwen2_5_omni"
-SENT = {"vision": ("pixel_bytes_sent", "embed_bytes_sent"),
-        "audio": ("frame_bytes_sent", "embed_bytes_sent")}
-
-
-def _balancers():
-    """(stage, balancer) of every applied encoder-stage patch (a run uses one model)."""
-    qwen3_vl, omni = sys.modules.get(QWEN3_VL), sys.modules.get(OMNI)
-    found = [("vision", qwen3_vl.balancer() if qwen3_vl is not None else None)]
-    if omni is not None:
-        found += [("audio", omni.balancer("audio")), ("vision", omni.balancer("vision"))]
-    return [(stage, b) for stage, b in found if b is not None]
+SENT = MappingProxyType({"vision": ("pixel_bytes_sent", "embed_bytes_sent"),
+                         "audio": ("frame_bytes_sent", "embed_bytes_sent")})
 
 
 class EncoderStageMetrics:
     def __init__(self) -> None:
         self.logged_steps: Dict[str, int] = {}
+        # (stage, balancer) of the encoder-stage patch the trainer applied (none: no figures)
+        self.balancers: List[Tuple[str, Any]] = []
 
     def pop(self) -> Dict[str, float]:
         out: Dict[str, float] = {}
-        for stage, balancer in _balancers():
+        for stage, balancer in self.balancers:
             new = balancer.step - self.logged_steps.get(stage, 0)
             self.logged_steps[stage] = balancer.step
             recent = balancer.history[-new:] if new > 0 else []

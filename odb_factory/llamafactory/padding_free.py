@@ -30,6 +30,7 @@ mask per row instead of one (Σ len)² mask.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -39,7 +40,7 @@ TOKEN_SAMPLE_KEY = "odb_token_sample"
 
 # model_type -> position layout. Verified in fp64 against the padded batch (per-sample losses and
 # gradients) on transformers 4.57 and 5.6: tests/llamafactory/test_padding_free.py.
-PACKABLE_MODEL_TYPES = {"qwen3_vl": "mrope", "qwen2_5_vl": "mrope", "qwen3": "text", "llama": "text"}
+PACKABLE_MODEL_TYPES = MappingProxyType({"qwen3_vl": "mrope", "qwen2_5_vl": "mrope", "qwen3": "text", "llama": "text"})
 # Dropped from a packed row: the mask (its absence is what makes transformers read the position
 # restarts) and the rope offsets generation uses.
 DROPPED_KEYS = ("attention_mask", "rope_deltas")

@@ -88,7 +88,8 @@ def merged_yaml(path: Path, overrides: Sequence[str]) -> Dict[str, Any]:
 def parse(path: Path, overrides: Sequence[str] = ()) -> Recipe:
     """Parse `path` with LLaMA-Factory's parser and the odb-factory patches."""
     raw = merged_yaml(path, overrides)
-    from ..llamafactory import arguments, state
+    from ..llamafactory import arguments
+    from ..llamafactory.run import run_of
     stage = raw.get("stage", "sft")
     if stage != "sft":
         raise RecipeError(f"stage: {stage}: the dry run plans supervised fine-tuning (stage: sft)")
@@ -105,17 +106,16 @@ def parse(path: Path, overrides: Sequence[str] = ()) -> Recipe:
     set_aside = sorted(k for k, v in DEVICE_ONLY_KEYS.items() if raw.get(k) not in (None, v))
     parse_args = {k: v for k, v in raw.items() if k not in DEVICE_ONLY_KEYS}
     parse_args["use_cpu"] = True  # LLaMA-Factory refuses one process over several GPUs
-    state.current = None
     try:
         model_args, data_args, training_args, finetuning_args, _ = get_train_args(parse_args)
     except ValueError as exc:
         raise RecipeError(f"recipe {path}: {exc}") from exc
-    parsed = state.current
-    odb = parsed if parsed is not None else arguments.parse_odb_arguments({})
-    enabled = parsed is not None and parsed.adapter.enable
-    # The parser hands a samples-mode run's accumulation to ODB (HF accumulates over 1).
-    handed = enabled and odb.config.step_mode == "samples"
-    accumulation = odb.config.gradient_accumulation_steps if handed else training_args.gradient_accumulation_steps
+    run = run_of(data_args, enabled_only=False)
+    odb = run.options if run is not None else arguments.parse_odb_arguments({})
+    enabled = run is not None and run.enabled
+    # the recipe's accumulation (a samples-mode run hands it to ODB: HF accumulates over 1)
+    accumulation = (run.step_mode.engine_accumulation(odb.config, training_args.gradient_accumulation_steps)
+                    if enabled else training_args.gradient_accumulation_steps)
     if data_args.streaming:
         raise RecipeError("streaming: the dry run needs a map-style dataset, as ODB does; set streaming: false")
     return Recipe(Path(path), raw, model_args, data_args, training_args, finetuning_args, odb, enabled,

@@ -8,19 +8,12 @@ from __future__ import annotations
 
 import logging
 
+from odb_factory.versions import (LLAMAFACTORY_VERSIONS, TORCH_VERSIONS, TRANSFORMERS_RANGES, describe,
+                                  transformers_supported)
+
 logger = logging.getLogger("odb_factory")
 
-LLAMAFACTORY_VERSIONS = ("0.9.5",)
-# Inclusive ranges. Within them the upstream contract (upstream_contract.py) decides; CI runs the
-# full suite on 5.6.0 and the LLaMA-Factory end-to-end tests on 4.57.6 (`make test-transformers-4.57`).
-TRANSFORMERS_RANGES = (("4.57.1", "4.57.6"), ("5.0.0", "5.6.0"))
-TORCH_VERSIONS = ("2.14.1",)  # torch_serialization (the CPU-resume fix)
-
 _applied = False
-
-
-def _version_tuple(text: str):
-    return tuple(int(p) for p in text.split("+")[0].split(".")[:3] if p.isdigit())
 
 
 def unsupported_reason() -> str | None:
@@ -30,15 +23,9 @@ def unsupported_reason() -> str | None:
         return (f"odb-factory supports LLaMA-Factory {', '.join(LLAMAFACTORY_VERSIONS)}; "
                 f"llamafactory {llamafactory.__version__} is installed")
     if not transformers_supported(transformers.__version__):
-        ranges = " and ".join(f"{low}–{high}" for low, high in TRANSFORMERS_RANGES)
-        return (f"odb-factory supports transformers {ranges}; "
+        return (f"odb-factory supports transformers {describe(TRANSFORMERS_RANGES)}; "
                 f"transformers {transformers.__version__} is installed")
     return None
-
-
-def transformers_supported(version: str) -> bool:
-    found = _version_tuple(version)
-    return any(_version_tuple(low) <= found <= _version_tuple(high) for low, high in TRANSFORMERS_RANGES)
 
 
 def cpu_resume_unsupported_reason() -> str | None:

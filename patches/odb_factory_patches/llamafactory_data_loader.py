@@ -22,11 +22,11 @@ def apply() -> None:
     @functools.wraps(original)
     def _get_preprocessed_dataset(dataset, data_args, training_args, stage, template, tokenizer,
                                   processor=None, is_eval=False):
-        from odb_factory.llamafactory import state
         from odb_factory.llamafactory import cutoff_preflight, preflight
         from odb_factory.llamafactory.lazy_dataset import LazySupervisedDataset
-        odb = state.active()
-        if (odb is None or not odb.adapter.lazy_preprocess or is_eval or stage != "sft"
+        from odb_factory.llamafactory.run import run_of
+        run = run_of(data_args)
+        if (run is None or not run.options.adapter.lazy_preprocess or is_eval or stage != "sft"
                 or dataset is None or data_args.streaming):
             return original(dataset, data_args, training_args, stage, template, tokenizer,
                             processor, is_eval)

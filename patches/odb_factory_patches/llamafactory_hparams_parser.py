@@ -4,7 +4,9 @@ for LLaMA-Factory 0.9.5).
 `get_train_args` looks this function up at call time, so wrapping it adds the `odb_*` keys
 as their own dataclass without touching LLaMA-Factory's (TrainingArguments is pickled into
 checkpoints and must not grow fields). Validation runs on the raw keys, before
-LLaMA-Factory builds TrainingArguments and, with it, the process group.
+LLaMA-Factory builds TrainingArguments and, with it, the process group. The run's `ODBRun`
+travels on with the DataArguments and FinetuningArguments it returns (`run.attach`): the
+data-loader patch and the trainer read it there.
 """
 
 from __future__ import annotations
@@ -21,24 +23,25 @@ def apply(unsupported: str | None = None) -> None:
 
     @functools.wraps(original)
     def _parse_train_args(args=None):
-        from odb_factory.llamafactory import arguments, state
+        from odb_factory.llamafactory import arguments
+        from odb_factory.llamafactory.run import ODBRun, attach
         if not isinstance(args, dict):
-            state.current = None
             return original(args)
         rest, ours = arguments.split_odb_keys(args)
         if not ours:
-            state.current = None
             return original(args)
         if unsupported is not None:
             raise RuntimeError(f"odb_* keys cannot be used: {unsupported}")
-        odb = arguments.parse_odb_arguments(ours)
-        arguments.check_compatible(odb, rest)
-        if odb.adapter.enable:
+        run = ODBRun(arguments.parse_odb_arguments(ours))
+        arguments.check_compatible(run.options, rest)
+        if run.enabled:
             arguments.check_paths(rest)
-            arguments.check_model(odb, rest)
-            rest = arguments.hand_accumulation_to_odb(odb, rest)
-        state.current = odb
-        return original(rest)
+            arguments.check_model(run.options, rest)
+            rest = run.step_mode.lf_arguments(run.options, rest)
+        parsed = original(rest)
+        _model, data_args, _training, finetuning_args, _generating = parsed
+        attach(run, data_args, finetuning_args)
+        return parsed
 
     _parse_train_args._odb_wrapped = True
     parser._parse_train_args = _parse_train_args
@@ -47,8 +50,7 @@ def apply(unsupported: str | None = None) -> None:
     if mca is not None:
         @functools.wraps(mca)
         def _parse_train_mca_args(args=None):
-            from odb_factory.llamafactory import arguments, state
-            state.current = None
+            from odb_factory.llamafactory import arguments
             if isinstance(args, dict) and arguments.split_odb_keys(args)[1]:
                 raise ValueError("odb_* keys with USE_MCA=1: Megatron-Core (MCA) training runs its own "
                                  "trainer and data path, which ODB does not hook; remove the odb_* keys "

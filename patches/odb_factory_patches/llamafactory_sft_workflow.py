@@ -1,14 +1,15 @@
 """Target: the names `CustomSeq2SeqTrainer` and `calculate_tps` in
 llamafactory.train.sft.workflow (written for LLaMA-Factory 0.9.5 on transformers 5.6.0).
 
-`run_sft` builds its trainer through this module-level name. With ODB enabled it gets
-ODBTrainerMixin in front of LLaMA-Factory's class; otherwise the upstream class itself.
+`run_sft` builds its trainer through this module-level name. With ODB enabled (the run
+attached to its FinetuningArguments) it gets ODBTrainerMixin in front of LLaMA-Factory's
+class, and the run; otherwise the upstream class itself.
 
 `include_effective_tokens_per_second` makes `run_sft` call `calculate_tps`, which iterates
 the training set to count its tokens: on ODB's lazy dataset that would run the whole
-per-sample pipeline once more, after training. With ODB it reads the tokens the loader
-counted instead (the same figure: every rank's trained input tokens over the runtime, per
-rank).
+per-sample pipeline once more, after training. The ODB trainer's metrics carry the input
+tokens every rank trained (`ODB_INPUT_TOKENS`), which it reads instead (the same figure:
+every rank's trained input tokens over the runtime, per rank).
 """
 
 from __future__ import annotations
@@ -21,14 +22,16 @@ def apply() -> None:
     if getattr(upstream, "_odb_factory", False):
         return
 
-    from odb_factory.llamafactory import state
-    from odb_factory.llamafactory.trainer import ODBTrainerMixin
+    from odb_factory.llamafactory.run import run_of
+    from odb_factory.llamafactory.trainer import ODB_INPUT_TOKENS, ODBTrainerMixin
 
     odb_trainer = type("ODBSeq2SeqTrainer", (ODBTrainerMixin, upstream), {})
 
     def CustomSeq2SeqTrainer(*args, **kwargs):
-        cls = odb_trainer if state.active() is not None else upstream
-        return cls(*args, **kwargs)
+        run = run_of(kwargs.get("finetuning_args"))
+        if run is None:
+            return upstream(*args, **kwargs)
+        return odb_trainer(*args, odb_run=run, **kwargs)
 
     CustomSeq2SeqTrainer._odb_factory = True
     workflow.CustomSeq2SeqTrainer = CustomSeq2SeqTrainer
@@ -36,17 +39,10 @@ def apply() -> None:
     upstream_tps = workflow.calculate_tps
 
     def calculate_tps(dataset, metrics, stage):
-        if state.active() is None or stage != "sft":
+        if ODB_INPUT_TOKENS not in metrics or stage != "sft":
             return upstream_tps(dataset, metrics, stage)
-        import torch
         import torch.distributed as dist
-        tokens = torch.tensor(float(state.progress.input_tokens), dtype=torch.float64)
-        world = 1
-        if dist.is_initialized():
-            if dist.get_backend() == "nccl":
-                tokens = tokens.cuda()
-            dist.all_reduce(tokens)
-            world = dist.get_world_size()
-        return float(tokens) / metrics["train_runtime"] / world
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return float(metrics[ODB_INPUT_TOKENS]) / metrics["train_runtime"] / world
 
     workflow.calculate_tps = calculate_tps

@@ -13,7 +13,7 @@ gate, the part of odb-factory that cannot work without it:
   reason, as with an unsupported version);
 * ``cpu_resume``: ``apply()`` leaves out the CPU-resume fix (torch_serialization) with a
   warning;
-* ``vision``: encoder-stage balancing (transformers_qwen3_vl and transformers_qwen2_5_omni,
+* ``vision``: encoder-stage balancing (odb_factory.encoder_stage's qwen3_vl_patch and qwen2_5_omni_patch,
   applied by the trainer on demand): checked by tests/patches; their ``apply()`` accepts
   transformers 4.57.1–4.57.6 and 5.6.0 only.
 
@@ -31,6 +31,8 @@ import inspect
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+from odb_factory.versions import ENCODER_STAGE_TRANSFORMERS_5, TRANSFORMERS_4_57, TRANSFORMERS_5, version_tuple
 
 GATES = ("odb", "cpu_resume", "vision")
 PACKAGES = ("torch", "accelerate", "transformers", "llamafactory")
@@ -58,9 +60,8 @@ class Entry:
     def applies(self) -> bool:
         if not self.versions:
             return True
-        from . import _version_tuple
-        low, high = (_version_tuple(v) for v in self.versions)
-        return low <= _version_tuple(installed_version(self.package)) <= high
+        low, high = (version_tuple(v) for v in self.versions)
+        return low <= version_tuple(installed_version(self.package)) <= high
 
 
 # --------------------------------------------------------------------------- behaviour probes
@@ -209,11 +210,11 @@ _LOADER = "odb_factory/loader/loader.py"
 _TRAINER = "odb_factory/llamafactory/trainer.py"
 _LAZY = "odb_factory/llamafactory/lazy_dataset.py"
 _AUDIO = "patches/odb_factory_patches/llamafactory_audio_reading.py"
-_QWEN = "patches/odb_factory_patches/transformers_qwen3_vl.py"
+_QWEN = "odb_factory/encoder_stage/qwen3_vl_patch.py"
 _SELF_KW = ("self", "**kwargs")
-_TF457 = ("4.57.1", "4.57.6")
-_TF5 = ("5.0.0", "5.6.0")
-_TF_VISION = ("5.6.0", "5.6.0")  # with _TF457: transformers_qwen3_vl.TRANSFORMERS_VERSIONS
+_TF457 = TRANSFORMERS_4_57
+_TF5 = TRANSFORMERS_5
+_TF_VISION = ENCODER_STAGE_TRANSFORMERS_5  # with _TF457: the encoder-stage patches' versions
 _CONVERTED_COLUMNS = ("_prompt", "_response", "_system", "_tools", "_images", "_videos", "_audios")
 _PROCESS_MESSAGES = ("self", "messages", "images", "videos", "audios", "processor")
 _QWEN3VL = "transformers.models.qwen3_vl.modeling_qwen3_vl"
@@ -225,7 +226,7 @@ _QWEN_FORWARD_PARAMS = ("self", "input_ids", "attention_mask", "position_ids", "
                         "video_grid_thw")  # then 5.6.0: mm_token_type_ids; 4.57: cache_position
 
 _OMNI = "transformers.models.qwen2_5_omni.modeling_qwen2_5_omni"
-_OMNI_PATCH = "patches/odb_factory_patches/transformers_qwen2_5_omni.py"
+_OMNI_PATCH = "odb_factory/encoder_stage/qwen2_5_omni_patch.py"
 _OMNI_FORWARD_HEAD = ("self", "input_ids", "input_features", "pixel_values", "pixel_values_videos", "image_grid_thw",
                       "video_grid_thw", "attention_mask", "feature_attention_mask", "audio_feature_lengths",
                       "position_ids", "past_key_values", "inputs_embeds", "rope_deltas", "labels", "use_cache")
@@ -447,7 +448,7 @@ CONTRACT: tuple = (
     Entry("llamafactory", "llamafactory.data.mm_plugin:Qwen2OmniPlugin._get_mm_inputs", _AUDIO,
           "Qwen2.5-Omni reads its audios through _regularize_audios (the replaced method)",
           uses=("_regularize_audios", "audio_sampling_rate")),
-    # ---- Qwen2.5-Omni audio and vision balancing (transformers_qwen2_5_omni.TRANSFORMERS_VERSIONS)
+    # ---- Qwen2.5-Omni audio and vision balancing (odb_factory.versions.ENCODER_STAGE_TRANSFORMERS_RANGES)
     *_omni_entries(_TF_VISION, _OMNI_FORWARD_56, ("**kwargs",)),
     *_omni_entries(_TF457, _OMNI_FORWARD_457, ()),
     Entry("transformers", f"{_OMNI}:Qwen2_5OmniAudioEncoder.forward", "odb_factory/encoder_stage/audio.py",

@@ -308,7 +308,7 @@ IMAGES = [[(1, 4, 4)], [(1, 8, 8), (1, 4, 8)], []]  # per rank of "uneven3": (t,
 def _thinker_rank(rank, world, case, stages):
     """The whole thinker forward with the patch: loss and every gradient equal upstream's."""
     import torch
-    from odb_factory_patches import transformers_qwen2_5_omni as patch
+    from odb_factory.encoder_stage import qwen2_5_omni_patch as patch
     import torch.distributed as dist
     torch.set_num_threads(1)
     model = tiny_thinker()

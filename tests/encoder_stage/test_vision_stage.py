@@ -423,7 +423,7 @@ def _image_features(model, pixels, grid):
 
 
 def _model_rank(rank, world, model_dir):
-    import odb_factory_patches.transformers_qwen3_vl as patch
+    import odb_factory.encoder_stage.qwen3_vl_patch as patch
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -484,7 +484,7 @@ def _model_rank(rank, world, model_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_qwen3vl_forward_gradients_balanced_equal_upstream(world, tiny_model):
-    import odb_factory_patches.transformers_qwen3_vl  # noqa: F401
+    import odb_factory.encoder_stage.qwen3_vl_patch  # noqa: F401
     import transformers.models.qwen3_vl.modeling_qwen3_vl  # noqa: F401  (import once, fork)
     res = run_world(_model_rank, world, str(tiny_model))
     for r in res:

@@ -109,5 +109,5 @@ def balance_stages() -> List[str]:
     """Both balancing stages where the installed transformers has the vision stage, else the
     LLM stage alone (elsewhere the vision stage is refused at parse time: test_version_matrix)."""
     import transformers
-    from odb_factory_patches.transformers_qwen3_vl import TRANSFORMERS_VERSIONS
-    return ["llm", "vision"] if transformers.__version__ in TRANSFORMERS_VERSIONS else ["llm"]
+    from odb_factory.versions import encoder_stage_supported
+    return ["llm", "vision"] if encoder_stage_supported(transformers.__version__) else ["llm"]

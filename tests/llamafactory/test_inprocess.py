@@ -26,12 +26,12 @@ def lf():
 
 def _datasets(lf, config):
     get_train_args, load_tokenizer, get_template, get_dataset = lf
-    from odb_factory.llamafactory import state
+    from odb_factory.llamafactory.run import attach
     model_args, data_args, training_args, _, _ = get_train_args(config)
     tokenizer_module = load_tokenizer(model_args)
     template = get_template(tokenizer_module["tokenizer"], data_args)
     lazy = get_dataset(template, model_args, data_args, training_args, "sft", **tokenizer_module)["train_dataset"]
-    state.current = None  # the same run without ODB: upstream's eager datasets.map
+    attach(None, data_args)  # the same run without ODB: upstream's eager datasets.map
     eager = get_dataset(template, model_args, data_args, training_args, "sft", **tokenizer_module)["train_dataset"]
     return lazy, eager
 
@@ -188,14 +188,19 @@ def test_audio_stage_on_a_vision_model_is_refused_at_parse_time(lf, tmp_path, ti
     assert audio_stage_refusal("qwen2_5_omni") is None
 
 
+def _odb_options(parsed):
+    from odb_factory.llamafactory.run import run_of
+    return run_of(parsed[1]).options
+
+
 def test_padding_free_sets_its_costs_and_refuses_contradictions(lf, tmp_path, tiny_model, demo_data):
-    from odb_factory.llamafactory import state
-    lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, odb_padding_free=True))
-    assert state.current.adapter.padding_free == "true" and state.current.padding_free is True
-    assert (state.current.config.cost_mode, state.current.config.balance_mode) == ("packed", "lpt")
-    lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, odb_padding_free=True,
-                    odb_balance_mode="min_move"))
-    assert state.current.config.balance_mode == "min_move"
+    odb = _odb_options(lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True,
+                                       odb_padding_free=True)))
+    assert odb.adapter.padding_free == "true" and odb.padding_free is True
+    assert (odb.config.cost_mode, odb.config.balance_mode) == ("packed", "lpt")
+    odb = _odb_options(lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True,
+                                       odb_padding_free=True, odb_balance_mode="min_move")))
+    assert odb.config.balance_mode == "min_move"
     with pytest.raises(ValueError, match=r"^odb_cost_mode: padded contradicts odb_padding_free: true .* "
                                          r"remove odb_cost_mode or set it to packed$"):
         lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, odb_padding_free=True,
@@ -216,11 +221,9 @@ def test_padding_free_auto_decides_by_model_and_keys(lf, tmp_path, tiny_model, d
     """`odb_padding_free: auto` (the default): padding-free for a verified model, with the costs
     it implies; padded groups where a key or the model rules it out, each with its reason."""
     import shutil
-    from odb_factory.llamafactory import state
 
     def decided(model=tiny_model, **keys):
-        lf[0](base_yaml(model, demo_data, tmp_path / "out", odb_enable=True, **keys))
-        odb = state.current
+        odb = _odb_options(lf[0](base_yaml(model, demo_data, tmp_path / "out", odb_enable=True, **keys)))
         return odb.padding_free, odb.config.cost_mode, odb.padding_free_reason
 
     assert decided()[:2] == (True, "packed") and "'qwen3_vl' trains packed rows" in decided()[2]
@@ -274,13 +277,12 @@ def test_command_line_overrides_reach_odb(lf, tmp_path, tiny_model, demo_data, m
     import sys
     import yaml
     from llamafactory.hparams.parser import read_args
-    from odb_factory.llamafactory import state
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(base_yaml(tiny_model, demo_data, tmp_path / "o", odb_enable=True,
                                              odb_step="groups")))
     monkeypatch.setattr(sys, "argv", ["x", str(path), "odb_token_budget=8192", "odb_join=false"])
-    lf[0](read_args())
-    assert state.current.config.token_budget == 8192 and state.current.config.join is False
+    odb = _odb_options(lf[0](read_args()))
+    assert odb.config.token_budget == 8192 and odb.config.join is False
 
 
 def test_hook_costs_nothing_in_other_processes():

@@ -45,7 +45,7 @@ def _lf_pieces(model_dir: Path, data_dir: Path, out: Path, **overrides):
     from llamafactory.hparams import get_train_args
     from llamafactory.model import load_model, load_tokenizer
 
-    from odb_factory.llamafactory import state
+    from odb_factory.llamafactory.run import attach
     from odb_factory.llamafactory.train_loader import LFCollate
     config = lf_runs.base_yaml(model_dir, data_dir, out, media_dir=str(lf_runs.SHARED_DEMO),
                                freeze_vision_tower=False, video_max_pixels=16384, video_fps=1.0,
@@ -53,7 +53,7 @@ def _lf_pieces(model_dir: Path, data_dir: Path, out: Path, **overrides):
     model_args, data_args, training_args, finetuning_args, _ = get_train_args(config)
     tokenizer_module = load_tokenizer(model_args)
     template = get_template_and_fix_tokenizer(tokenizer_module["tokenizer"], data_args)
-    state.current = None  # plain LLaMA-Factory datasets (eager), no ODB loader
+    attach(None, data_args)  # plain LLaMA-Factory datasets (eager), no ODB loader
     dataset = get_dataset(template, model_args, data_args, training_args, "sft", **tokenizer_module)["train_dataset"]
     model = load_model(tokenizer_module["tokenizer"], model_args, finetuning_args, True).double()
     collator = SFTDataCollatorWith4DAttentionMask(

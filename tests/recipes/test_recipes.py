@@ -87,13 +87,11 @@ def workspace(tmp_path_factory):
     return root
 
 
-@pytest.fixture(autouse=True)
-def fresh_odb_state():
-    """The parser patch records the run's odb options in a module global; start and end clean."""
-    from odb_factory.llamafactory import state
-    state.current = None
-    yield state
-    state.current = None
+def odb_options(parsed):
+    """The odb options the parser patch handed on with LLaMA-Factory's arguments (None: none)."""
+    from odb_factory.llamafactory.run import run_of
+    run = run_of(parsed[1], enabled_only=False)
+    return run.options if run is not None else None
 
 
 # ------------------------------------------------------------------ (a) composition
@@ -125,7 +123,7 @@ def test_unknown_part_is_named():
 
 # ------------------------------------------- (b) every recipe through LLaMA-Factory's parser
 @pytest.mark.parametrize("name", FLAT)
-def test_recipe_parses_with_llamafactory(name, lf, workspace, monkeypatch, fresh_odb_state):
+def test_recipe_parses_with_llamafactory(name, lf, workspace, monkeypatch):
     import transformers
     from llamafactory.data.parser import get_dataset_list
     from llamafactory.data.template import TEMPLATES
@@ -142,7 +140,8 @@ def test_recipe_parses_with_llamafactory(name, lf, workspace, monkeypatch, fresh
                                              rf"{transformers.__version__}'s flash attention fails"):
             lf.get_train_args(args)
         args["flash_attn"] = "sdpa"
-    model_args, data_args, training_args, finetuning_args, _ = lf.get_train_args(args)
+    parsed = lf.get_train_args(args)
+    model_args, data_args, training_args, finetuning_args, _ = parsed
 
     assert finetuning_args.stage == "sft" and finetuning_args.finetuning_type == "full"
     assert model_args.model_name_or_path == raw["model_name_or_path"]
@@ -153,7 +152,7 @@ def test_recipe_parses_with_llamafactory(name, lf, workspace, monkeypatch, fresh
     assert len(get_dataset_list(data_args.dataset, data_args.dataset_dir)) == len(data_args.dataset) > 0
 
     odb_keys = {k: v for k, v in raw.items() if k.startswith("odb_")}
-    odb = fresh_odb_state.current
+    odb = odb_options(parsed)
     if odb_keys:
         assert odb is not None, "odb_* keys present but the patch recorded no options"
         for key, value in odb_keys.items():
@@ -204,15 +203,15 @@ def test_every_deepspeed_config_validates(ds_file, lf, workspace, monkeypatch):
     check_deepspeed_config(Path("recipes/parts/deepspeed") / ds_file, training_args, workspace)
 
 
-def test_command_line_overrides_reach_the_odb_options(lf, workspace, monkeypatch, fresh_odb_state):
+def test_command_line_overrides_reach_the_odb_options(lf, workspace, monkeypatch):
     # `llamafactory-cli train recipes/qwen3vl_8b_odb.yaml odb_token_budget=8192 odb_join=false`
     monkeypatch.chdir(workspace)
     monkeypatch.setattr(sys, "argv", ["llamafactory-cli", "recipes/qwen3vl_8b_odb.yaml",
                                       "odb_token_budget=8192", "odb_join=false"])
     args, _ = cpu_parse_view(lf.read_args())
-    lf.get_train_args(args)
-    assert fresh_odb_state.current.config.token_budget == 8192
-    assert fresh_odb_state.current.config.join is False
+    odb = odb_options(lf.get_train_args(args))
+    assert odb.config.token_budget == 8192
+    assert odb.config.join is False
 
 
 @pytest.mark.parametrize("key,value,expected", [
@@ -228,14 +227,14 @@ def test_badly_typed_odb_values_are_named_before_training(lf, workspace, monkeyp
         lf.get_train_args(args)
 
 
-def test_string_booleans_are_typed_not_truthy(lf, workspace, monkeypatch, fresh_odb_state):
+def test_string_booleans_are_typed_not_truthy(lf, workspace, monkeypatch):
     # YAML `odb_join: "false"` (a string) must turn join off, not count as a non-empty string
     monkeypatch.chdir(workspace)
     args, _ = cpu_parse_view(load_recipe(TINY_ODB))
     args.update(odb_join="false", odb_token_budget="2048")
-    lf.get_train_args(args)
-    assert fresh_odb_state.current.config.join is False
-    assert fresh_odb_state.current.config.token_budget == 2048
+    odb = odb_options(lf.get_train_args(args))
+    assert odb.config.join is False
+    assert odb.config.token_budget == 2048
 
 
 # ----------------------------------------------------------------- (c) refused recipes
@@ -265,7 +264,7 @@ def test_packing_with_odb_is_refused_with_the_reason(lf, workspace, monkeypatch)
 
 
 # ------------------------------------------------------------------ (d) outside a checkout
-def test_a_written_recipe_runs_from_anywhere(lf, tmp_path, monkeypatch, fresh_odb_state):
+def test_a_written_recipe_runs_from_anywhere(lf, tmp_path, monkeypatch):
     """`python -m odb_factory.recipes write` (what an installed package offers): the recipe
     and the files it names land in one folder, and LLaMA-Factory parses it from elsewhere."""
     import subprocess
@@ -281,10 +280,11 @@ def test_a_written_recipe_runs_from_anywhere(lf, tmp_path, monkeypatch, fresh_od
     raw = OmegaConf.to_container(OmegaConf.load(out / "qwen3vl_8b_odb_balance.yaml"))
     assert raw["deepspeed"] == str(out / "deepspeed" / "ds_z2.json") and Path(raw["deepspeed"]).is_file()
     args, _ = cpu_parse_view(raw)
-    _, data_args, _, _, _ = lf.get_train_args(args)
+    parsed = lf.get_train_args(args)
+    data_args = parsed[1]
     assert data_args.dataset_dir == str(out / "data")
     assert len(get_dataset_list(data_args.dataset, data_args.dataset_dir)) == 1
-    assert fresh_odb_state.current.value_of("odb_balance") is True
+    assert odb_options(parsed).value_of("odb_balance") is True
     bad = subprocess.run([sys.executable, "-m", "odb_factory.recipes", "write", "qwen3vl_8b_odbb"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "no recipe named 'qwen3vl_8b_odbb'; choose one of: " in bad.stderr
