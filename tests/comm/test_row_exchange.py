@@ -1,0 +1,127 @@
+"""all_to_all_rows: rows carrying ids move to the ranks their send counts name, arrive in
+source-rank order, once; the backward sends each row's gradient back to where the row came
+from; argument errors and timeouts name the rank and the step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from odb_factory.comm.row_exchange import all_to_all_rows
+from tests.helpers.distributed import run_world
+
+
+# ------------------------------------------------------------------ in one process
+
+def test_one_process_returns_a_copy_and_passes_the_gradient_through():
+    x = torch.arange(6.0).reshape(3, 2).requires_grad_(True)
+    out = all_to_all_rows(x, [3])
+    assert torch.equal(out, x.detach()) and out.data_ptr() != x.data_ptr()
+    (out * torch.tensor([[1.0, 2.0]])).sum().backward()
+    assert torch.equal(x.grad, torch.tensor([[1.0, 2.0]] * 3))
+
+
+@pytest.mark.parametrize("send,recv,rows,message", [
+    ([1, 2], None, 3, r"^rank 0: send_counts must list 1 non-negative row counts, got \[1, 2\]$"),
+    ([-1], None, 3, r"^rank 0: send_counts must list 1 non-negative row counts, got \[-1\]$"),
+    ([3], [3, 0], 3, r"^rank 0: recv_counts must list 1 non-negative row counts, got \[3, 0\]$"),
+    ([2], None, 3, r"^rank 0: exchange 'embeds': x has 3 rows but send_counts sum to 2$"),
+])
+def test_bad_counts_are_refused_naming_the_rank(send, recv, rows, message):
+    with pytest.raises(ValueError, match=message):
+        all_to_all_rows(torch.zeros(rows, 4), send, recv, what="embeds")
+
+
+# ------------------------------------------------------------------ real gloo ranks
+
+def counts(world):
+    """counts[s][d]: rows rank s sends rank d; rank 0 sends nothing, rank 1 receives nothing."""
+    c = [[(2 * s + 3 * d + 1) % 4 for d in range(world)] for s in range(world)]
+    for d in range(world):
+        c[0][d] = 0
+    for s in range(world):
+        c[s][1] = 0
+    return c
+
+
+def row_ids(src, dst, k_rows):
+    return [1000 * src + 100 * dst + k for k in range(k_rows)]
+
+
+def _exchange_rank(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    from odb_factory.comm.row_exchange import all_to_all_rows
+    group = dist.new_group(backend="gloo")
+    c = counts(world)
+    send = c[rank]
+    recv = [c[s][rank] for s in range(world)]
+    ids = [i for d in range(world) for i in row_ids(rank, d, c[rank][d])]
+    # column 0 the id, column 1 a second feature: rows move whole
+    x = torch.tensor([[float(i), -0.5 * i] for i in ids], dtype=torch.float64).reshape(-1, 2)
+    x.requires_grad_(True)
+    out = all_to_all_rows(x, send, recv, group, what="embeds", step=3)
+    learned = all_to_all_rows(x.detach(), send, None, group, what="embeds", step=3)  # counts gathered
+    exact = all_to_all_rows(torch.tensor(ids, dtype=torch.int64), send, recv, group, what="ids", step=3)
+    back = all_to_all_rows(out.detach(), recv, send, group, what="return", step=3)    # reverse exchange
+    # the loss weights each received row by its own id: the gradient must come back to the row's origin
+    (out * torch.stack([out[:, 0].detach() * 0.25 + 1.0, torch.full_like(out[:, 0], 2.0)], 1)).sum().backward()
+    grad_ok = torch.equal(x.grad, torch.stack([x[:, 0].detach() * 0.25 + 1.0, torch.full_like(x[:, 0], 2.0)], 1))
+    return {"received": out[:, 0].long().tolist(), "second": out[:, 1].tolist(),
+            "learned_same": torch.equal(learned, out.detach()), "exact": exact.tolist(),
+            "round_trip": torch.equal(back, x.detach()), "grad_ok": grad_ok,
+            "shape": tuple(out.shape), "dtype": str(exact.dtype)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_rows_reach_the_right_ranks_once_and_gradients_go_back(world):
+    results = run_world(_exchange_rank, world, timeout=60)
+    c = counts(world)
+    received = []
+    for rank, r in enumerate(results):
+        # source-rank order, each source's rows in their order
+        want = [i for s in range(world) for i in row_ids(s, rank, c[s][rank])]
+        assert r["received"] == want and r["exact"] == want
+        assert r["second"] == [-0.5 * i for i in want]
+        assert r["shape"] == (len(want), 2) and r["dtype"] == "torch.int64"
+        assert r["learned_same"] and r["round_trip"] and r["grad_ok"]
+        received += [(rank, i) for i in r["received"]]
+    ledger = [(d, i) for s in range(world) for d in range(world) for i in row_ids(s, d, c[s][d])]
+    assert sorted(received) == sorted(ledger) and len(set(received)) == len(received)
+    assert results[1]["received"] == [] and any(c[s][d] for s in range(world) for d in range(world) if s != d)
+
+
+def _absent_peer(rank, world):
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from odb_factory.comm import ODBExchangeError
+    from odb_factory.comm.row_exchange import all_to_all_rows
+    short = dist.new_group(backend="gloo", timeout=timedelta(seconds=1.5))  # bounds the count gather
+    plain = dist.new_group(backend="gloo")                                  # timeout_s bounds the rows
+    if rank == 1:
+        time.sleep(4.0)  # never enters either exchange
+        return None
+    errors = []
+    for group, recv in [(short, None), (plain, [0, 2])]:
+        try:
+            all_to_all_rows(torch.zeros(0, 3), [0, 0], recv, group, what="probe", step=5, timeout_s=1.5)
+        except ODBExchangeError as exc:
+            errors.append(str(exc))
+        else:
+            errors.append("no error")
+    return errors
+
+
+@pytest.mark.slow
+def test_an_absent_peer_times_out_with_an_error_naming_rank_and_step():
+    counts_error, rows_error = run_world(_absent_peer, 2, timeout=60)[0]
+    assert counts_error.startswith("ODB exchange 'probe (row counts)' failed on rank 0/2 (step 5) after "), counts_error
+    assert rows_error.startswith("ODB exchange 'probe' failed on rank 0/2 (step 5) after "), rows_error
+    for text in (counts_error, rows_error):
+        assert "timeout 2s" in text and "timed out" in text.lower() and "every rank must enter every exchange" in text
