@@ -29,6 +29,12 @@ FRAMES_PER_AUDIO_TOKEN = 4
 AUDIO_MASK_KEY = "feature_attention_mask"
 
 
+def padded_length(tokens: int, multiple: int) -> int:
+    """`tokens` rounded up to a multiple of `multiple`, as a padding collator pads a row (the one
+    definition the grouping and the post-balancing plan with)."""
+    return -(-tokens // multiple) * multiple  # ceil in integers, exact at any size
+
+
 class MissingCostKeyError(LookupError):
     """A sample lacks the key the cost function reads."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ..balance import QWEN3_VL_LLM, VISION_BY_PATCH_TOTAL, BalancePlan, StageCostModel, balance
-from ..cost import SampleCost
+from ..cost import SampleCost, padded_length
 
 BYTES_PER_TOKEN = 8  # token id + label, int32 each: what a pre-collate sample carries
 
@@ -35,8 +35,7 @@ class StepBalance:
 def plan_step(costs_per_rank: Sequence[Sequence[SampleCost]], spec: StepBalance) -> Optional[BalancePlan]:
     """The plan for one step, or None when it cannot be balanced within the caps (the step
     then runs as aligned)."""
-    m = spec.pad_to_multiple_of
-    lengths = [[-(-c.input_tokens // m) * m for c in rank] for rank in costs_per_rank]
+    lengths = [[padded_length(c.input_tokens, spec.pad_to_multiple_of) for c in rank] for rank in costs_per_rank]
     sizes = [[c.input_tokens * BYTES_PER_TOKEN for c in rank] for rank in costs_per_rank]
     if sum(map(len, lengths)) == 0:
         return None

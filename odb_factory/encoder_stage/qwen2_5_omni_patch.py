@@ -34,12 +34,12 @@ from typing import Any
 
 import torch
 
-from odb_factory.comm import group_rank_world
-from odb_factory.encoder_stage.audio import AudioBalancer
-from odb_factory.encoder_stage.routing import return_outputs_together
-from odb_factory.encoder_stage.vision import TowerDims, VisionBalancer
+from ..comm import group_rank_world
+from ..versions import ENCODER_STAGE_TRANSFORMERS_RANGES, describe, encoder_stage_supported
+from .audio import AudioBalancer
+from .routing import return_outputs_together
+from .vision import TowerDims, VisionBalancer
 
-TRANSFORMERS_VERSIONS = ("4.57.1", "4.57.2", "4.57.3", "4.57.4", "4.57.5", "4.57.6", "5.6.0")
 STAGES = ("audio", "vision")
 _UPSTREAM = ("forward", "get_audio_features", "get_image_features", "get_video_features")
 
@@ -214,9 +214,9 @@ def apply(group: Any | None = None, stages: tuple[str, ...] = ("audio",), *,
     replaces the balancers."""
     import transformers
     from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as mod
-    if transformers.__version__ not in TRANSFORMERS_VERSIONS:
+    if not encoder_stage_supported(transformers.__version__):
         raise RuntimeError(f"odb-factory's Qwen2.5-Omni encoder balancing was written for "
-                           f"transformers {', '.join(TRANSFORMERS_VERSIONS)}; transformers "
+                           f"transformers {describe(ENCODER_STAGE_TRANSFORMERS_RANGES)}; transformers "
                            f"{transformers.__version__} is installed")
     unknown = [s for s in stages if s not in STAGES]
     if unknown or not stages:

@@ -40,10 +40,10 @@ from typing import Any
 
 import torch
 
-from odb_factory.balance import QWEN3_VL_VISION, StageCostModel
-from odb_factory.encoder_stage.vision import TowerDims, VisionBalancer
+from ..balance import QWEN3_VL_VISION, StageCostModel
+from ..versions import ENCODER_STAGE_TRANSFORMERS_RANGES, describe, encoder_stage_supported
+from .vision import TowerDims, VisionBalancer
 
-TRANSFORMERS_VERSIONS = ("4.57.1", "4.57.2", "4.57.3", "4.57.4", "4.57.5", "4.57.6", "5.6.0")
 PLAN_KWARG = "odb_vision_plan"
 
 _state: dict[str, Any] = {}
@@ -175,9 +175,9 @@ def apply(group: Any | None = None, cost_model: StageCostModel = QWEN3_VL_VISION
     balancer."""
     import transformers
     from transformers.models.qwen3_vl import modeling_qwen3_vl as mod
-    if transformers.__version__ not in TRANSFORMERS_VERSIONS:
+    if not encoder_stage_supported(transformers.__version__):
         raise RuntimeError(f"odb-factory's Qwen3-VL vision balancing was written for "
-                           f"transformers {', '.join(TRANSFORMERS_VERSIONS)}; transformers "
+                           f"transformers {describe(ENCODER_STAGE_TRANSFORMERS_RANGES)}; transformers "
                            f"{transformers.__version__} is installed")
     cls = mod.Qwen3VLModel
     if "forward" not in _state:

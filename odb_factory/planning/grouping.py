@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Hashable, List, NamedTuple, Optional, Sequence
 
 from ..config import OVER_BUDGET_POLICIES
-from ..cost import SampleCost
+from ..cost import SampleCost, padded_length
 
 
 class PlannedSample(NamedTuple):
@@ -50,8 +50,7 @@ class Budget:
                 + (f" / audio cap {self.max_audio_frames} frames" if self.max_audio_frames else ""))
 
     def padded_length(self, tokens: int) -> int:
-        m = self.pad_to_multiple_of
-        return -(-tokens // m) * m  # ceil in integers, exact at any size
+        return padded_length(tokens, self.pad_to_multiple_of)
 
     def group_cost(self, samples: Sequence[PlannedSample]) -> int:
         """Tokens the group occupies: padded `n * roundup(max)` or packed `sum`."""

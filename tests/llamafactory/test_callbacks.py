@@ -1,0 +1,138 @@
+"""ODBCallback: the epoch and step bound it keeps for HF's loop, the per-rank state it writes into
+checkpoints and restores, the audit ledger and the logged metrics; driven with transformers'
+own TrainerState/TrainerControl over a real TrainLoader (one process)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import TrainerControl, TrainerState
+
+from odb_factory import ODBConfig, ODBDataLoader
+from odb_factory.llamafactory.audit_ledger import read_rank_ledgers
+from odb_factory.llamafactory.callbacks import ODBCallback, state_path
+from odb_factory.llamafactory.run import SampleProgress
+from odb_factory.llamafactory.step_modes import GroupsMode
+from odb_factory.llamafactory.train_loader import TrainLoader
+from odb_factory.synthetic import LengthDataset, long_tail_lengths, pad_collate
+
+SAMPLES = 29
+ACCUMULATION = 2
+
+
+def _world(tmp_path, epochs=1.0, audit="audit"):
+    dataset = LengthDataset(long_tail_lengths(SAMPLES, cv=1.0, mean=30, seed=2, maximum=160))
+    cfg = ODBConfig(token_budget=192, buffer_size=6, gradient_accumulation_steps=ACCUMULATION, seed=3,
+                    pad_epoch_to_accumulation=True, step_mode="groups", loss_scaling="exact")
+    control = TrainerControl()
+    progress = SampleProgress()
+    progress.start(int(SAMPLES * epochs))
+    loader = TrainLoader(ODBDataLoader(dataset, cfg, collate_fn=pad_collate), GroupsMode(), progress,
+                         lambda: control, SAMPLES)
+    callback = ODBCallback(lambda: loader, progress, rank=0, audit_dir=str(tmp_path / audit) if audit else None,
+                           row_of=lambda i: 1000 + i, max_steps_from_user=False, num_train_epochs=epochs)
+    return loader, callback, control
+
+
+def _train(loader, callback, control, trainer_state, args, stop_after=None):
+    """HF's loop, as far as the callback sees it: an optimizer step every ACCUMULATION micro-steps."""
+    callback.on_train_begin(args, trainer_state, control)
+    micro = 0
+    for _ in loader:
+        micro += 1
+        if micro % ACCUMULATION:
+            continue
+        trainer_state.global_step += 1
+        callback.on_step_end(args, trainer_state, control)
+        if control.should_training_stop or trainer_state.global_step == stop_after:
+            break
+    return trainer_state
+
+
+def _args(tmp_path):
+    from types import SimpleNamespace
+    return SimpleNamespace(output_dir=str(tmp_path / "out"))
+
+
+def test_the_epoch_follows_the_samples_and_the_step_bound_stays_ahead(tmp_path):
+    loader, callback, control = _world(tmp_path)
+    state = TrainerState(max_steps=3)  # HF's estimate, below the real count
+    try:
+        loader.set_epoch(0)
+        callback.on_train_begin(None, state, control)
+        epochs, bounds = [], []
+        micro = 0
+        for _ in loader:
+            micro += 1
+            if micro % ACCUMULATION:
+                continue
+            state.global_step += 1
+            callback.on_step_end(None, state, control)
+            epochs.append(state.epoch)
+            bounds.append(state.max_steps)
+            if control.should_training_stop:
+                break
+        assert epochs == sorted(epochs) and epochs[-1] == pytest.approx(1.0)
+        assert all(bound >= step + 1 for step, bound in enumerate(bounds, 1) if epochs[step - 1] < 1.0)
+        assert control.should_training_stop, "the data ran out: training must stop"
+        callback.on_train_end(None, state, control)
+        assert state.max_steps == state.global_step
+        ledger, = read_rank_ledgers(str(tmp_path / "audit"))
+        assert [line["step"] for line in ledger] == list(range(1, state.global_step + 1))
+        rows = sorted(i for line in ledger for i in line["indices"])
+        assert rows == [1000 + i for i in range(SAMPLES)]  # the dataset rows, each once
+    finally:
+        loader.loader.close()
+
+
+def test_the_logged_metrics_sum_the_window_then_start_again(tmp_path):
+    loader, callback, control = _world(tmp_path, audit=False)
+    try:
+        loader.set_epoch(0)
+        state = _train(loader, callback, control, TrainerState(max_steps=100), None, stop_after=2)
+        logged = callback.pop_log_metrics()
+        assert logged["odb/micro_steps_per_optimizer_step"] == ACCUMULATION
+        assert logged["odb/samples_per_optimizer_step"] == pytest.approx(loader.epoch_consumed / state.global_step)
+        assert 0 < logged["odb/padding_efficiency"] <= 1
+        assert callback.pop_log_metrics() == {}  # nothing new since the last log line
+    finally:
+        loader.loader.close()
+
+
+def test_a_checkpoint_keeps_each_ranks_position_and_a_resume_continues_it(tmp_path):
+    args = _args(tmp_path)
+    loader, callback, control = _world(tmp_path, audit="first")
+    try:
+        loader.set_epoch(0)
+        state = _train(loader, callback, control, TrainerState(max_steps=100), args, stop_after=3)
+        checkpoint = tmp_path / "out" / "checkpoint-3"
+        checkpoint.mkdir(parents=True)
+        callback.on_save(args, state, control)
+        saved = json.loads(state_path(str(checkpoint), 0).read_text())
+        assert saved["progress"] == [callback.progress.consumed, SAMPLES]
+    finally:
+        loader.loader.close()
+    loader, callback, control = _world(tmp_path, audit="resumed")
+    try:
+        callback.resume_from = str(checkpoint)
+        loader.set_epoch(0)
+        _train(loader, callback, control, TrainerState(global_step=3, max_steps=100), args)
+        assert callback.progress.consumed == SAMPLES
+        (first,), (rest,) = (read_rank_ledgers(str(tmp_path / d)) for d in ("first", "resumed"))
+        assert [line["step"] for line in first] == [1, 2, 3] and rest[0]["step"] == 4
+        trained = sorted(i for line in first + rest for i in line["indices"])
+        assert trained == [1000 + i for i in range(SAMPLES)]  # nothing twice, nothing lost
+    finally:
+        loader.loader.close()
+
+
+def test_a_checkpoint_without_this_ranks_state_is_refused_by_name(tmp_path):
+    loader, callback, control = _world(tmp_path, audit=False)
+    try:
+        callback.resume_from = str(tmp_path / "checkpoint-7")
+        with pytest.raises(FileNotFoundError, match=r"odb_state_rank0\.json is missing: this checkpoint was not "
+                                                    r"written by an ODB run with the same world size"):
+            callback.on_train_begin(None, TrainerState(global_step=7), control)
+    finally:
+        loader.loader.close()
