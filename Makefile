@@ -66,7 +66,7 @@ bench: $(STAMP)
 # `../../.venv/bin/mutmut run NAME...` re-runs chosen mutants; the target itself starts afresh.
 MUTATION_DIR := build/mutation
 MUTATION_TESTS := tests/planning tests/balance tests/encoder_stage tests/test_cost.py tests/test_loss_exact.py
-# what is mutated; a part at a time fits a shorter sitting: make mutation MUTATE='odb_factory/balance/plan.py'
+# what is mutated; a part at a time fits a shorter sitting: make mutation MUTATE='odb_factory/balance/assignment.py'
 MUTATE ?= odb_factory/planning/* odb_factory/balance/* odb_factory/cost.py odb_factory/loss.py
 mutation: $(STAMP)
 	rm -rf $(MUTATION_DIR)

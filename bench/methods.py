@@ -48,7 +48,7 @@ import numpy as np
 from odb_factory import ODBConfig, SampleCost
 from odb_factory.planning.grouping import Budget
 from odb_factory.planning.views import epoch_view
-# Schedule and ODB's two schedule builders live in the package (`python -m odb_factory.plan`
+# Schedule and ODB's two schedule builders live in the package (`python -m odb_factory.dry_run`
 # builds the same schedules); re-exported here.
 from odb_factory.simulation.schedules import Schedule, costs_of, groups_schedule, samples_schedule  # noqa: F401
 from odb_factory.simulation.schedules import index_array as _arr
@@ -299,7 +299,7 @@ def post_balance(s: Schedule, p: Profile, token_cost: Callable, cap_tokens: int,
         try:
             plan = balance(costs, ranks_per_node, mode, lengths_per_rank=lengths,
                            cost_model=token_cost if mode == "padded" else None,
-                           max_padded_tokens_per_rank=float(cap_tokens) if mode == "padded" else None)
+                           token_budget=float(cap_tokens) if mode == "padded" else None)
         except ValueError:  # infeasible under the cap: the step runs as aligned (as the loader does)
             steps.append(step)
             continue

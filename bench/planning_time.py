@@ -40,7 +40,7 @@ def one_round(world: int, window: int, budget: Budget, seed: int) -> Dict[str, f
     regroup = time.perf_counter() - started
     laid_out = apply_layout(layout, results[0].costs) if layout is not None else results[0].costs
     mode = "padded" if budget.cost_mode == "padded" else "lpt"
-    spec = StepBalance(mode=mode, ranks_per_node=8, token_cap=budget.token_budget if mode == "padded" else None)
+    spec = StepBalance(mode=mode, ranks_per_node=8, token_budget=budget.token_budget if mode == "padded" else None)
     started = time.perf_counter()
     for p in range(len(laid_out[0])):
         plan_step([laid_out[r][p] for r in range(world)], spec)

@@ -1,7 +1,7 @@
 """Schedules + a step model -> simulated wall-clock train time and the report's metrics.
 
 `features(schedule, profile)` and `evaluate(...)` (re-exported from
-`odb_factory.simulation.pricing`, which `python -m odb_factory.plan` shares) reduce a schedule
+`odb_factory.simulation.pricing`, which `python -m odb_factory.dry_run` shares) reduce a schedule
 to per-(micro-step, rank) numbers once and price them under any step model. This module adds
 the ledger check, per-step times, the producer/consumer model of the outstanding depth D
 (`data_wait`) and the explanations of the paper comparison.

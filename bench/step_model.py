@@ -1,5 +1,5 @@
 """Step-time model of the benchmark: the model itself lives in the package
-(`odb_factory.simulation.step_model`, shared with `python -m odb_factory.plan`); this module
+(`odb_factory.simulation.step_model`, shared with `python -m odb_factory.dry_run`); this module
 re-exports it and adds the NNLS fit of its form to measured rows.
 """
 

@@ -40,8 +40,8 @@ def test_a_recipe_predicted_slower_than_standard_names_the_faster_setting():
     from dataclasses import replace
 
     from odb_factory.config import ODBConfig
-    from odb_factory.plan import report, speedup
-    from odb_factory.plan.__main__ import faster_setting
+    from odb_factory.dry_run import report, speedup
+    from odb_factory.dry_run.__main__ import faster_setting
     from odb_factory.simulation.step_model import H20_1NODE, QWEN3_VL_8B, build_step_model
 
     tokens = np.random.default_rng(0).integers(500, 4000, 256)

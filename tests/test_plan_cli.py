@@ -1,4 +1,4 @@
-"""`python -m odb_factory.plan` as a user runs it: a subprocess on a tiny recipe over the tiny
+"""`python -m odb_factory.dry_run` as a user runs it: a subprocess on a tiny recipe over the tiny
 Qwen3-VL and the generated demo set, its figures checked against numbers computed here
 without the plan's code: the rows' lengths from LLaMA-Factory's own eager preprocessing,
 the images from the data files, the step counts from the batch arithmetic."""
@@ -40,7 +40,7 @@ def _plan(log: Path, *args: str) -> tuple:
     """Start a dry run; its output goes to files (a full pipe would stall it meanwhile)."""
     out, err = log.with_suffix(".out"), log.with_suffix(".err")
     with out.open("w") as stdout, err.open("w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "odb_factory.plan", *args, "--no-progress"],
+        proc = subprocess.Popen([sys.executable, "-m", "odb_factory.dry_run", *args, "--no-progress"],
                                 env=env(), stdout=stdout, stderr=stderr, text=True)
     return proc, out, err
 
@@ -187,7 +187,7 @@ def test_model_spec_counts_the_benchmarks_8b_numbers():
     architecture numbers are the benchmark's 8B preset (derived there by hand from the shapes)."""
     from transformers import Qwen3VLConfig
 
-    from odb_factory.plan.speedup import model_spec
+    from odb_factory.dry_run.speedup import model_spec
     from odb_factory.simulation.step_model import QWEN3_VL_8B
     config = Qwen3VLConfig(
         text_config=dict(num_hidden_layers=36, hidden_size=4096, intermediate_size=12288,

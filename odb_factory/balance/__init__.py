@@ -9,7 +9,7 @@ from .cost_model import (QWEN3_VL_LLM, QWEN3_VL_VISION, VISION_BY_PATCH_TOTAL, S
 from .lpt import lpt_groups
 from .padded import padded_groups
 from .placement import PLACEMENTS
-from .plan import MODES, BalancePlan, balance
+from .assignment import MODES, BalancePlan, balance
 
 __all__ = [
     "MODES", "PLACEMENTS", "QWEN3_VL_LLM", "QWEN3_VL_VISION", "VISION_BY_PATCH_TOTAL", "BalancePlan", "StageCostFit",

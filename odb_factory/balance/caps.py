@@ -16,37 +16,37 @@ from .inputs import positive_int, positive_real
 @dataclass(frozen=True)
 class Caps:
     max_samples: int | None = None
-    max_padded_tokens: float | None = None
+    token_budget: float | None = None
 
     @staticmethod
-    def build(max_samples: int | None, max_padded_tokens: float | None,
+    def build(max_samples: int | None, token_budget: float | None,
               have_lengths: bool) -> "Caps":
         if max_samples is not None:
             max_samples = positive_int(max_samples, "max_samples_per_rank")
-        if max_padded_tokens is not None:
-            max_padded_tokens = positive_real(max_padded_tokens, "max_padded_tokens_per_rank")
+        if token_budget is not None:
+            token_budget = positive_real(token_budget, "token_budget")
             if not have_lengths:
-                raise ValueError("max_padded_tokens_per_rank needs lengths_per_rank")
-        return Caps(max_samples, max_padded_tokens)
+                raise ValueError("token_budget needs lengths_per_rank")
+        return Caps(max_samples, token_budget)
 
     @property
     def active(self) -> bool:
-        return self.max_samples is not None or self.max_padded_tokens is not None
+        return self.max_samples is not None or self.token_budget is not None
 
     def describe(self) -> str:
         parts = []
         if self.max_samples is not None:
             parts.append(f"max_samples_per_rank={self.max_samples}")
-        if self.max_padded_tokens is not None:
-            parts.append(f"max_padded_tokens_per_rank={self.max_padded_tokens:g}")
+        if self.token_budget is not None:
+            parts.append(f"token_budget={self.token_budget:g}")
         return " and ".join(parts) or "no caps"
 
     def accepts(self, count: int, max_len: float, length: float) -> bool:
         """Can a rank holding ``count`` samples (longest ``max_len``) take one more?"""
         if self.max_samples is not None and count + 1 > self.max_samples:
             return False
-        if self.max_padded_tokens is not None:
-            return (count + 1) * max(max_len, length) <= self.max_padded_tokens
+        if self.token_budget is not None:
+            return (count + 1) * max(max_len, length) <= self.token_budget
         return True
 
     def accepts_many(self, counts: np.ndarray, max_lens: np.ndarray,
@@ -56,9 +56,9 @@ class Caps:
         ok = np.ones((n, counts.shape[0]), dtype=bool)
         if self.max_samples is not None:
             ok &= (counts + 1 <= self.max_samples)[None, :]
-        if self.max_padded_tokens is not None and lengths is not None:
+        if self.token_budget is not None and lengths is not None:
             padded = (counts + 1)[None, :] * np.maximum(max_lens[None, :], lengths[:, None])
-            ok &= padded <= self.max_padded_tokens
+            ok &= padded <= self.token_budget
         return ok
 
     def max_count(self, longest: float, remaining: int) -> int:
@@ -66,8 +66,8 @@ class Caps:
         k = remaining
         if self.max_samples is not None:
             k = min(k, self.max_samples)
-        if self.max_padded_tokens is not None and longest > 0:
-            return largest_multiple(longest, self.max_padded_tokens, k)
+        if self.token_budget is not None and longest > 0:
+            return largest_multiple(longest, self.token_budget, k)
         return k
 
 

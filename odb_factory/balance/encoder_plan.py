@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .plan import balance
+from .assignment import balance
 
 
 def block_rows(sizes: Sequence[int], order: Sequence[int]) -> np.ndarray:

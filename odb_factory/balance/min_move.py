@@ -65,8 +65,8 @@ class _State:
     def violates(self, r: int) -> bool:
         c = self.caps
         return bool((c.max_samples is not None and self.counts[r] > c.max_samples) or
-                    (c.max_padded_tokens is not None
-                     and self.counts[r] * self.max_len[r] > c.max_padded_tokens))
+                    (c.token_budget is not None
+                     and self.counts[r] * self.max_len[r] > c.token_budget))
 
 
 def _destination(st: _State, i: int, allowed: np.ndarray, target: float) -> int:

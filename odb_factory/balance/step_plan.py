@@ -23,7 +23,7 @@ BYTES_PER_TOKEN = 8  # token id + label, int32 each: what a pre-collate sample c
 class StepBalance:
     mode: str = "padded"              # "padded" (padding collators), "lpt" (packed), "min_move"
     ranks_per_node: int = 1
-    token_cap: Optional[int] = None   # no rank's padded tokens above this (the memory budget)
+    token_budget: Optional[int] = None   # no rank's padded tokens above this (the memory budget)
     tolerance: float = 0.02           # min_move: allowed excess over the lower bound
     pad_to_multiple_of: int = 1       # lengths are planned as the collator pads them
     cost_model: StageCostModel = QWEN3_VL_LLM
@@ -48,8 +48,8 @@ def plan_step(costs_per_rank: Sequence[Sequence[SampleCost]], spec: StepBalance)
                  for ls, rank in zip(lengths, costs_per_rank)]
         if spec.mode == "min_move":
             kwargs["tolerance"] = spec.tolerance
-    if spec.token_cap is not None:
-        kwargs["max_padded_tokens_per_rank"] = spec.token_cap
+    if spec.token_budget is not None:
+        kwargs["token_budget"] = spec.token_budget
         kwargs.setdefault("lengths_per_rank", lengths)  # padded mode has set them already
     try:
         return balance(costs, **kwargs)

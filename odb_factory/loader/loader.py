@@ -323,7 +323,7 @@ class ODBDataLoader:
             return None
         spec = StepBalance(mode=cfg.balance_mode,
                            ranks_per_node=ranks_per_node(cfg.ranks_per_node, self.world_size),
-                           token_cap=cfg.token_budget if cfg.cost_mode == "padded" else None,
+                           token_budget=cfg.token_budget if cfg.cost_mode == "padded" else None,
                            tolerance=cfg.balance_tolerance, pad_to_multiple_of=cfg.pad_to_multiple_of)
         return StepRebalancer(self.sync, spec if cfg.balance else None, Budget.from_config(cfg),
                               global_grouping=cfg.global_grouping, seed=str(cfg.seed),

@@ -1,11 +1,13 @@
-"""Dry run of a LLaMA-Factory training recipe: what ODB would do with it, before any training.
+"""Deprecated name of `odb_factory.dry_run` (the dry run of a recipe), kept until 0.3:
+importing it warns and answers with the dry run's modules."""
 
-    python -m odb_factory.plan RECIPE.yaml [--world-size N] [--rows N] [--json PATH] [key=value ...]
+import sys
+import warnings
 
-The recipe is parsed by LLaMA-Factory's own parser with the `odb_*` keys (`recipe`); the
-training rows go through the run's own per-sample pipeline in worker processes (`pipeline`);
-the engine's planner plans one epoch in both `odb_step` modes beside LLaMA-Factory's fixed
-batches and the figures are computed (`report`); the step-time model predicts the speedup with
-a band (`speedup`) and picks a token budget (`budget`); `render` prints them. No model weights
-are loaded: only the tokenizer, the processor and the model's config.
-"""
+from ..dry_run import budget, pipeline, recipe, render, report, speedup
+
+warnings.warn("odb_factory.plan is deprecated: use odb_factory.dry_run (python -m odb_factory.dry_run)",
+              DeprecationWarning, stacklevel=2)
+for _module in (budget, pipeline, recipe, render, report, speedup):
+    sys.modules[f"{__name__}.{_module.__name__.rsplit('.', 1)[1]}"] = _module
+__all__ = ["budget", "pipeline", "recipe", "render", "report", "speedup"]

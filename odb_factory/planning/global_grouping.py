@@ -110,7 +110,7 @@ def _padded(rest: np.ndarray, tokens: np.ndarray, bins: int, budget: Budget,
     lengths = tokens[rest]
     unit = np.asarray(cost_model(lengths), dtype=np.float64)
     try:
-        local = padded_groups(unit, bins, Caps(max_padded_tokens=float(budget.token_budget)), lengths)
+        local = padded_groups(unit, bins, Caps(token_budget=float(budget.token_budget)), lengths)
     except ValueError:  # T*W groups cannot hold the round within the budget
         return None
     return [rest[g].tolist() for g in local]

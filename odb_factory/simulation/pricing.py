@@ -3,7 +3,7 @@
 `features(schedule, samples)` reduces every (micro-step, rank) batch to the numbers the step
 model needs once; `evaluate(...)` prices them under any step model (so one schedule serves
 every setting that shares its world size). Used by the benchmark (`bench/simulate.py`) and by
-`python -m odb_factory.plan`.
+`python -m odb_factory.dry_run`.
 
 Metric: emitted samples of all ranks / simulated wall-clock time. A schedule with any batch
 over the memory cap is reported as OOM and gets no throughput.

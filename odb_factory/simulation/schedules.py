@@ -7,7 +7,7 @@ step. It says nothing about time; `pricing.evaluate` turns it into seconds with 
 ODB's schedules come from the engine's own code: `groups_schedule` runs `simulate_epoch` (the
 RankPlanner the loader runs), `samples_schedule` packs a fixed-batch schedule's optimizer steps
 with the planner thread's `pack_step` / `align_step`. The benchmark (`bench/methods.py`) and
-`python -m odb_factory.plan` both build them here.
+`python -m odb_factory.dry_run` both build them here.
 """
 
 from __future__ import annotations

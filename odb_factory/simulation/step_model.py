@@ -13,7 +13,7 @@ Per rank and micro-batch (every term is documented with its source in bench/READ
 
 Coefficients are derived from public specs (`ModelSpec`, `Hardware`) and one efficiency
 number `mfu` (achieved fraction of peak dense BF16 FLOP/s on the big matmuls). The benchmark
-(`bench/step_model.py`) fits the same form to measured rows; `python -m odb_factory.plan` prices
+(`bench/step_model.py`) fits the same form to measured rows; `python -m odb_factory.dry_run` prices
 a recipe's batches with it.
 """
 

@@ -29,7 +29,7 @@ def _fits_by_enumeration(caps, lengths, num_ranks):
             mine = [lengths[i] for i in range(len(lengths)) if owner[i] == r]
             if caps.max_samples is not None and len(mine) > caps.max_samples:
                 ok = False
-            if caps.max_padded_tokens is not None and mine and len(mine) * max(mine) > caps.max_padded_tokens:
+            if caps.token_budget is not None and mine and len(mine) * max(mine) > caps.token_budget:
                 ok = False
         if ok:
             return True
@@ -38,14 +38,14 @@ def _fits_by_enumeration(caps, lengths, num_ranks):
 
 def test_caps_describe_themselves_as_error_messages_name_them():
     assert Caps().describe() == "no caps"
-    assert Caps(max_samples=3, max_padded_tokens=1.5e4).describe() == \
-        "max_samples_per_rank=3 and max_padded_tokens_per_rank=15000"
+    assert Caps(max_samples=3, token_budget=1.5e4).describe() == \
+        "max_samples_per_rank=3 and token_budget=15000"
 
 
 def test_fits_on_hand_cases():
     assert fits_on(Caps(max_samples=2), None, 5, 3) and not fits_on(Caps(max_samples=2), None, 5, 2)
     desc = np.array([6.0, 5.0, 4.0, 3.0])
-    tokens = Caps(max_padded_tokens=10)
+    tokens = Caps(token_budget=10)
     # 6 alone (2 * 6 > 10), then {5, 4} (2 * 5 = 10), then 3 needs a third rank
     assert not fits_on(tokens, desc, 4, 2) and fits_on(tokens, desc, 4, 3)
     assert not fits_on(tokens, np.array([11.0]), 1, 5)     # one sample over the cap alone
@@ -187,14 +187,14 @@ def test_milp_is_quiet(capfd):
 def test_repair_moves_the_longest_sample_off_a_rank_over_the_token_cap():
     # rank 0 holds lengths 10 and 2 (2 * 10 > 12): the 10 leaves, although it has more bytes
     plan = balance([[1.0, 1.0], []], 8, "min_move", sizes_per_rank=[[100, 1], []],
-                   lengths_per_rank=[[10, 2], []], max_padded_tokens_per_rank=12,
+                   lengths_per_rank=[[10, 2], []], token_budget=12,
                    max_samples_per_rank=2, tolerance=10.0)
     assert plan.moves == [(0, 0, 1)]
 
 
 def test_repair_leaves_a_rank_exactly_at_its_caps():
     plan = balance([[1.0, 1.0], [0.0]], 8, "min_move", lengths_per_rank=[[5, 5], [1]],
-                   max_padded_tokens_per_rank=10, max_samples_per_rank=2, tolerance=10.0)
+                   token_budget=10, max_samples_per_rank=2, tolerance=10.0)
     assert plan.moves == []
 
 
@@ -205,8 +205,8 @@ def test_repair_moves_the_fewest_bytes_off_a_rank_over_the_sample_cap():
 
 
 @pytest.mark.parametrize("kwargs", [
-    dict(lengths_per_rank=[[30, 30], [30]], max_padded_tokens_per_rank=40),   # needs 3 ranks
-    dict(lengths_per_rank=[[50], [1]], max_padded_tokens_per_rank=40),        # one alone is over
+    dict(lengths_per_rank=[[30, 30], [30]], token_budget=40),   # needs 3 ranks
+    dict(lengths_per_rank=[[50], [1]], token_budget=40),        # one alone is over
 ])
 def test_repair_reports_infeasible_token_caps(kwargs):
     costs = [[1.0] * len(r) for r in kwargs["lengths_per_rank"]]
@@ -217,16 +217,16 @@ def test_repair_reports_infeasible_token_caps(kwargs):
 @pytest.mark.parametrize("costs, lengths, cap, message", [
     # LPT puts 10 and 10 on separate ranks, then the 20 fits nowhere; {10, 10} | {20} fits
     ([[10.0, 9.0, 1.0], []], [[10, 10, 20], []], 20,
-     r"^LPT could not place a sample of cost 1 and length 20 within max_padded_tokens_per_rank=20 "
+     r"^LPT could not place a sample of cost 1 and length 20 within token_budget=20 "
      r"although a feasible placement exists; use mode='padded' \(exact under caps\) or relax the caps$"),
     ([[1.0, 1.0], []], [[50, 1], []], 40,
-     r"^infeasible caps: 2 samples cannot be placed on 2 ranks with max_padded_tokens_per_rank=40$"),
+     r"^infeasible caps: 2 samples cannot be placed on 2 ranks with token_budget=40$"),
     ([[1.0, 1.0, 1.0], []], [[30, 30, 30], []], 40,
-     r"^infeasible caps: 3 samples cannot be placed on 2 ranks with max_padded_tokens_per_rank=40$"),
+     r"^infeasible caps: 3 samples cannot be placed on 2 ranks with token_budget=40$"),
 ])
 def test_lpt_failure_says_whether_the_caps_are_feasible(costs, lengths, cap, message):
     with pytest.raises(ValueError, match=message):
-        balance(costs, 8, "lpt", lengths_per_rank=lengths, max_padded_tokens_per_rank=cap)
+        balance(costs, 8, "lpt", lengths_per_rank=lengths, token_budget=cap)
 
 
 # ------------------------------------------------------------------ cost-model fit quality
@@ -273,12 +273,12 @@ def test_fit_error_messages_are_whole():
 
 @pytest.mark.parametrize("cap", [0, -1.0, float("nan"), float("inf"), True, "40"])
 def test_token_cap_must_be_a_positive_finite_number(cap):
-    with pytest.raises(ValueError, match=r"^max_padded_tokens_per_rank must be finite and > 0, got "):
-        balance([[1.0]], 8, lengths_per_rank=[[1]], max_padded_tokens_per_rank=cap)
+    with pytest.raises(ValueError, match=r"^token_budget must be finite and > 0, got "):
+        balance([[1.0]], 8, lengths_per_rank=[[1]], token_budget=cap)
 
 
 def test_both_caps_are_named_in_errors():
     with pytest.raises(ValueError, match=r"^infeasible caps: 3 samples cannot be placed on 1 ranks with "
-                                         r"max_samples_per_rank=2 and max_padded_tokens_per_rank=40$"):
+                                         r"max_samples_per_rank=2 and token_budget=40$"):
         balance([[1.0] * 3], 8, "padded", lengths_per_rank=[[5, 5, 5]], max_samples_per_rank=2,
-                max_padded_tokens_per_rank=40)
+                token_budget=40)

@@ -164,9 +164,9 @@ def test_padded_equals_brute_force(m, lengths, model, max_samples, max_tokens):
     unit = [float(x) for x in (lengths if model is None else model(np.array(lengths)))]
     best = brute_force_padded(unit, lengths, m, max_samples, max_tokens)
     kw = dict(lengths_per_rank=[lengths] + [[] for _ in range(m - 1)], cost_model=model,
-              max_samples_per_rank=max_samples, max_padded_tokens_per_rank=max_tokens)
+              max_samples_per_rank=max_samples, token_budget=max_tokens)
     if best is None:
-        with pytest.raises(ValueError, match="infeasible caps: .*max_"):
+        with pytest.raises(ValueError, match="infeasible caps: .*(max_samples_per_rank|token_budget)="):
             balance([[1.0] * len(lengths)] + [[] for _ in range(m - 1)], 1, "padded", **kw)
         return
     plan = balance([[1.0] * len(lengths)] + [[] for _ in range(m - 1)], 1, "padded", **kw)
@@ -188,12 +188,12 @@ def check_caps(plan, lengths, max_samples, max_tokens):
 def test_caps_respected_or_clear_error(inst, mode, max_samples, max_tokens):
     costs, sizes, lengths = inst
     m, n = len(costs), sum(map(len, costs))
-    kw = dict(max_samples_per_rank=max_samples, max_padded_tokens_per_rank=max_tokens,
+    kw = dict(max_samples_per_rank=max_samples, token_budget=max_tokens,
               lengths_per_rank=lengths)
     try:
         plan = balance(costs, 4, mode, sizes_per_rank=sizes, **kw)
     except ValueError as exc:
-        assert "max_samples_per_rank" in str(exc) or "max_padded_tokens_per_rank" in str(exc)
+        assert "max_samples_per_rank" in str(exc) or "token_budget" in str(exc)
         # Without a token cap, n <= m * cap is feasible and LPT/min_move always manage it.
         assert max_tokens is not None or (max_samples is not None and n > m * max_samples)
         return
@@ -301,7 +301,7 @@ def test_empty_and_zero_cost_instances():
      "valid placements: assignment, naive, milp"),
     (dict(costs_per_rank=[[1.0]], ranks_per_node=0), r"^ranks_per_node must be an integer >= 1, got 0$"),
     (dict(costs_per_rank=[[1.0]], max_samples_per_rank=0), "max_samples_per_rank"),
-    (dict(costs_per_rank=[[1.0]], max_padded_tokens_per_rank=10), "needs lengths_per_rank"),
+    (dict(costs_per_rank=[[1.0]], token_budget=10), "needs lengths_per_rank"),
     (dict(costs_per_rank=[[1.0]], tolerance=0.1), r"^tolerance is only used by mode='min_move'$"),
     (dict(costs_per_rank=[[1.0]], mode="min_move", tolerance=-1), r"^tolerance must be finite and >= 0, got -1$"),
     (dict(costs_per_rank=[[1.0]], mode="min_move", tolerance=True), r"^tolerance must be finite and >= 0, got True$"),
@@ -313,7 +313,7 @@ def test_empty_and_zero_cost_instances():
     (dict(costs_per_rank=[[1.0] * 5], max_samples_per_rank=2),
      "infeasible caps: 5 samples cannot be placed on 1 ranks with max_samples_per_rank=2"),
     (dict(costs_per_rank=[[1.0], []], lengths_per_rank=[[50], []],
-          max_padded_tokens_per_rank=40), "max_padded_tokens_per_rank=40"),
+          token_budget=40), "token_budget=40"),
 ])
 def test_bad_input_raises_clear_error(kwargs, match):
     with pytest.raises(ValueError, match=match):

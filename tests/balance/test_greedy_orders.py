@@ -37,7 +37,7 @@ def test_lpt_with_many_ties_is_the_python_lpt(cost, num_ranks):
 
 def test_lpt_counts_a_bins_longest_from_zero():
     """Two samples of length 0.5 fit one rank under a 1.0 padded-token cap: 2 * 0.5."""
-    groups = lpt_groups(np.asarray([1.0, 1.0]), 1, Caps(max_padded_tokens=1.0), length=np.asarray([0.5, 0.5]))
+    groups = lpt_groups(np.asarray([1.0, 1.0]), 1, Caps(token_budget=1.0), length=np.asarray([0.5, 0.5]))
     assert groups == [[0, 1]]
 
 

@@ -61,7 +61,7 @@ def test_positive_int_takes_integral_numbers():
 def test_caps_name_the_option_at_fault():
     with pytest.raises(ValueError, match=r"^max_samples_per_rank must be an integer >= 1, got 0$"):
         Caps.build(0, None, have_lengths=False)
-    with pytest.raises(ValueError, match=r"^max_padded_tokens_per_rank needs lengths_per_rank$"):
+    with pytest.raises(ValueError, match=r"^token_budget needs lengths_per_rank$"):
         Caps.build(None, 64.0, have_lengths=False)
     assert Caps.build(2, 64, have_lengths=True) == Caps(2, 64.0)
 

@@ -46,20 +46,20 @@ def reference_min_move(cost, size, length, src, num_ranks, caps, ranks_per_node,
         count = len(members(d))
         if caps.max_samples is not None and count + 1 > caps.max_samples:
             return False
-        if caps.max_padded_tokens is not None and length is not None:
-            return (count + 1) * max(longest(d), length[i]) <= caps.max_padded_tokens
+        if caps.token_budget is not None and length is not None:
+            return (count + 1) * max(longest(d), length[i]) <= caps.token_budget
         return True
 
     def violates(r):
         count = len(members(r))
         return ((caps.max_samples is not None and count > caps.max_samples)
-                or (caps.max_padded_tokens is not None and count * longest(r) > caps.max_padded_tokens))
+                or (caps.token_budget is not None and count * longest(r) > caps.token_budget))
 
     def destination(i, allowed):
         return min(allowed, key=lambda d: (load(d) + cost[i] > target, node[d] != node[src[i]],
                                            load(d), d))
 
-    if caps.max_samples is not None or caps.max_padded_tokens is not None:
+    if caps.max_samples is not None or caps.token_budget is not None:
         for r in range(num_ranks):
             while violates(r):
                 mine = members(r)
@@ -143,7 +143,7 @@ def test_min_move_prefers_a_sample_that_can_stay_on_its_node():
     # only on node 1. Either move alone finishes: b goes, to rank 1.
     s = flatten([[5.0, 5.0], [0.0, 0.0], [], []], [[1.0, 1.0], [1.0, 1.0], [], []],
                 [[8.0, 2.0], [5.0, 5.0], [], []])
-    rank_of, reached = min_move(s, Caps(max_padded_tokens=20.0), ranks_per_node=2, target=5.0)
+    rank_of, reached = min_move(s, Caps(token_budget=20.0), ranks_per_node=2, target=5.0)
     assert rank_of.tolist() == [0, 1, 1, 1] and reached
 
 
@@ -151,6 +151,6 @@ def test_min_move_names_the_rank_it_cannot_repair():
     # Feasible ({5}, {3, 3}, {2, 1, 1, 1} under the cap 8), but no single move off rank 0
     # (2 * 5 > 8) is accepted anywhere: min_move says so and names the other modes.
     s = flatten([[1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0]], None, [[5.0, 3.0], [3.0, 1.0, 2.0], [1.0, 1.0]])
-    with pytest.raises(ValueError, match=r"^min_move could not repair rank 0 under max_padded_tokens_per_rank=8; "
+    with pytest.raises(ValueError, match=r"^min_move could not repair rank 0 under token_budget=8; "
                                          r"use mode='lpt' or mode='padded'$"):
-        min_move(s, Caps(max_padded_tokens=8.0), ranks_per_node=1, target=100.0)
+        min_move(s, Caps(token_budget=8.0), ranks_per_node=1, target=100.0)

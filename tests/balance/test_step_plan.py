@@ -86,12 +86,12 @@ def test_packed_plans_price_each_samples_vision_with_it_padded_plans_do_not():
 @pytest.mark.parametrize("mode", ["padded", "lpt", "min_move"])
 def test_token_cap_is_respected_or_the_step_stays_as_aligned(mode):
     costs = [[c(30), c(30), c(30)], [c(10)]]
-    plan = plan_step(costs, StepBalance(mode=mode, token_cap=60, cost_model=IDENTITY))
+    plan = plan_step(costs, StepBalance(mode=mode, token_budget=60, cost_model=IDENTITY))
     assert plan is not None
     for dest in plan.destinations:
         lengths = [costs[r][p].input_tokens for r, p in dest]
         assert len(lengths) * max(lengths, default=0) <= 60
-    assert plan_step(costs, StepBalance(mode=mode, token_cap=50, cost_model=IDENTITY)) is None
+    assert plan_step(costs, StepBalance(mode=mode, token_budget=50, cost_model=IDENTITY)) is None
 
 
 def test_an_empty_step_has_no_plan():
@@ -106,7 +106,7 @@ def test_padded_plan_under_a_token_cap_prices_steps_with_the_cost_model():
     cost model's n * g(longest), not n * longest: rank 0's {100, 100} costs 2 * g(100)."""
     square = StageCostModel(0.0, 0.0, 1.0)   # g(l) = l^2
     costs = [[c(100), c(100)], [c(10)]]
-    plan = plan_step(costs, StepBalance(cost_model=square, token_cap=400))
+    plan = plan_step(costs, StepBalance(cost_model=square, token_budget=400))
     assert plan.cost_before == [2 * 100.0 ** 2, 10.0 ** 2]
     for rank, dest in enumerate(plan.destinations):
         lengths = [costs[r][i].input_tokens for r, i in dest]

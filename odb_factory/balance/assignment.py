@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -98,12 +99,22 @@ def balance(costs_per_rank: Sequence[Sequence[float]], ranks_per_node: int = 8,
             lengths_per_rank: Sequence[Sequence[float]] | None = None,
             cost_model: Callable[[np.ndarray], np.ndarray] | None = None,
             max_samples_per_rank: int | None = None,
-            max_padded_tokens_per_rank: float | None = None,
-            tolerance: float | None = None, placement: str | None = None) -> BalancePlan:
+            token_budget: float | None = None,
+            tolerance: float | None = None, placement: str | None = None,
+            max_padded_tokens_per_rank: float | None = None) -> BalancePlan:
     """Plan which rank processes which sample so that per-rank costs are balanced.
 
     Pure and deterministic: every rank calling it with the same inputs gets the same plan.
+    `token_budget`: no rank's padded tokens (samples × longest length) above it, as
+    `odb_token_budget` / `ODBConfig.token_budget` caps a group (`max_padded_tokens_per_rank`
+    is its deprecated name, until 0.3).
     """
+    if max_padded_tokens_per_rank is not None:
+        if token_budget is not None:
+            raise TypeError("balance() got token_budget and its deprecated name max_padded_tokens_per_rank")
+        warnings.warn("balance(max_padded_tokens_per_rank=...) is deprecated: use token_budget=...",
+                      DeprecationWarning, stacklevel=2)
+        token_budget = max_padded_tokens_per_rank
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
     if placement is not None and placement not in PLACEMENTS:
@@ -120,7 +131,7 @@ def balance(costs_per_rank: Sequence[Sequence[float]], ranks_per_node: int = 8,
         raise ValueError(f"tolerance must be finite and >= 0, got {tolerance!r}")
     rpn = positive_int(ranks_per_node, "ranks_per_node")
     s = flatten(costs_per_rank, sizes_per_rank, lengths_per_rank)
-    caps = Caps.build(max_samples_per_rank, max_padded_tokens_per_rank, s.length is not None)
+    caps = Caps.build(max_samples_per_rank, token_budget, s.length is not None)
     unit = _unit_costs(s, mode, cost_model)
     m = s.num_ranks
     lower_bound = max(math.fsum(unit.tolist()) / m, float(unit.max()) if s.n else 0.0)
