@@ -17,7 +17,7 @@ export TOKENIZERS_PARALLELISM := false
 
 venv: $(STAMP)
 
-# The install order matters here (see README, "Installing"): torch first from the pinned
+# The install order matters here (docs/usage.md, "Supported versions"): torch first from the pinned
 # releases, torchaudio without its dependencies (LLaMA-Factory imports it; other combinations
 # fail to load its shared library), then the project with its LLaMA-Factory/DeepSpeed extras,
 # then verl without its dependencies (bench/balance_bench.py's comparator: they exclude our

@@ -3,7 +3,7 @@
 Each field carries its documentation and two facts in its metadata (see `option`):
 whether every rank must use the same value (the cross-rank agreement check and the resume
 check are derived from it) and its LLaMA-Factory YAML key, if it has one. The adapter's
-`odb_*` keys, the README tables and the checks all read these declarations; a test fails
+`odb_*` keys, the tables of docs/configuration.md and the checks all read these declarations; a test fails
 when a field lacks them.
 """
 

@@ -2,7 +2,7 @@
 
 `--raw DIR` is the folder a download leaves (the `download` line of each layout), untouched:
 the annotation files are found by their published names, the images under the folder the
-published archives unpack to. What was checked, and where (see also README, "Preparing the
+published archives unpack to. What was checked, and where (see also docs/usage.md, "Preparing the
 recipes' data"):
 
 * ultrachat_200k (HuggingFaceH4/ultrachat_200k): parquet shards

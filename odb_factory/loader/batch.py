@@ -25,7 +25,7 @@ class ODBBatch:
     vision_patches: vision-encoder patches of this rank's group (as the loader placed it).
     audio_frames: valid audio mel frames of this rank's group (as the loader placed it).
     loss_scale: multiply this rank's per-token *mean* loss by it; with DDP's gradient
-        average the result is the gradient of the global per-token mean (see README).
+        average the result is the gradient of the global per-token mean (docs/dgap.md).
     sample_weights: step_mode="samples": per sample of `data`, the weight of its summed token
         losses in the fixed-batch run's loss (`odb_factory.loss.weighted_loss`).
     optimizer_step_end: the last micro-step of an optimizer step (step the optimizer after it).

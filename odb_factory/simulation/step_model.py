@@ -28,7 +28,7 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Architecture numbers of one VLM (see README for where each comes from)."""
+    """Architecture numbers of one VLM (bench/README.md, "Step-time model", says where each comes from)."""
     name: str
     total_params: float          # all weights (bf16 copy on every rank)
     llm_params: float            # LLM weights incl. embeddings: trained in full FT
@@ -80,7 +80,7 @@ H20_1NODE = Hardware("8xH20", nodes=1)
 H20_2NODES = Hardware("2x8xH20", nodes=2)
 
 # Efficiency of the big matmuls, the one number that is not a spec. Calibrated on the paper's
-# Standard samples/s (UltraChat-200K and LLaVA-150K, 8B full FT; see bench/run.py and README).
+# Standard samples/s (UltraChat-200K and LLaVA-150K, 8B full FT; see bench/run.py and bench/README.md).
 DEFAULT_MFU = 0.82
 KERNEL_LAUNCH_S = 8e-6           # per kernel (launch + small-kernel tail), assumption
 KERNELS_PER_LAYER_PASS = 20      # assumption: norms, 7 GEMMs, rope, attention, activations
