@@ -39,8 +39,15 @@ class AuditLedger:
     def __init__(self, audit_dir: str, rank: int):
         self.path = Path(audit_dir) / FILE.format(rank=rank)
 
-    def open(self) -> None:
+    def open(self, after_step: int = 0) -> None:
+        """Start writing after optimizer step `after_step` (a resume: the checkpoint's step; a
+        new run: 0). Lines of later steps, from a run that went on past that checkpoint, are
+        dropped: those steps are trained again, so each (sample, step) stays in the ledger once."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line and json.loads(line)["step"] <= after_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
 
     def append(self, record: dict) -> None:
         with self.path.open("a") as f:

@@ -37,7 +37,7 @@ class ODBCallback(TrainerCallback):
         if self.resume_from is not None:
             self._restore(self.resume_from, trainer_state.global_step)
         if self.ledger is not None:
-            self.ledger.open()
+            self.ledger.open(after_step=trainer_state.global_step if self.resume_from is not None else 0)
 
     def _restore(self, checkpoint: str, global_step: int) -> None:
         path = state_path(checkpoint, self.rank)
@@ -116,6 +116,7 @@ class ODBCallback(TrainerCallback):
                                                     / max(1.0, w.get("optimizer_steps", 0.0)), 2),
             "odb/splits": w.get("splits", 0.0),
             "odb/overflow_groups": w.get("overflow_groups", 0.0),
+            "odb/over_budget_samples": w.get("over_budget", 0.0),  # trained alone, over the budget
             "odb/idle_steps": w.get("idle", 0.0),
             "odb/data_wait_s": round(w.get("data_wait_s", 0.0), 4),
         }

@@ -6,6 +6,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Dict
 
+from ..config import LF_PREFIX, option_name
+
 logger = logging.getLogger("odb_factory")
 
 COUNTERS = ("steps", "samples", "input_tokens", "padded_tokens", "label_tokens", "splits",
@@ -36,15 +38,20 @@ class LoaderMetrics:
         t["label_tokens"] += step["label_tokens"]
         t["idle_steps"] += step["idle"]
         t["data_wait_s"] += wait_s
-        if plan.round_stats:
+        if set(plan.round_stats) - {"over_budget"}:
             t["rounds"] += 1
             # samples mode's rounds (optimizer steps) carry balance figures only
-            for key in ("splits", "overflow_groups", "over_budget"):
+            for key in ("splits", "overflow_groups"):
                 t[key] += plan.round_stats.get(key, 0.0)
-            if plan.round_stats.get("over_budget"):
-                logger.warning("ODB: %d sample(s) exceed the token budget on their own and are "
-                               "trained as singletons (epoch %d, round %d)",
-                               int(plan.round_stats["over_budget"]), plan.epoch, plan.round)
+        over_budget = plan.round_stats.get("over_budget", 0.0)
+        if over_budget and not t["over_budget"]:  # the first of the run: once, then counted
+            logger.warning("ODB: %d sample(s) of this rank cost more than %s on their own and train alone "
+                           "(epoch %d, %s %d); each is counted in odb/over_budget_samples. Raise the budget, "
+                           "lower cutoff_len or the image resolution, or set %s: error to refuse them",
+                           int(over_budget), option_name("token_budget"), plan.epoch,
+                           "round" if plan.round_stats.keys() - {"over_budget"} else "step", plan.round,
+                           LF_PREFIX + "over_budget")
+        t["over_budget"] += over_budget
         self.epoch_steps[plan.epoch] = self.epoch_steps.get(plan.epoch, 0) + 1
         return step
 

@@ -25,7 +25,8 @@ from ..comm.channel import Departure, PeerDeparted, SyncChannel
 from ..comm.errors import ODBSyncError
 from ..cost import SampleCost
 from ..planning.grouping import Budget, PlannedSample
-from ..planning.optimizer_steps import StandardStep, align_step, pack_step, sample_weights
+from ..planning.grouping import form_groups
+from ..planning.optimizer_steps import StandardStep, align_step, sample_weights
 from ..planning.rounds import RankPlanner, Slot
 from .step_rebalancer import StepRebalancer
 
@@ -208,7 +209,9 @@ class EpochPlanner:
         stream = self.store.stream()
         for number, step in enumerate(spec.steps, start=spec.first_step):
             samples = [next(stream) for _ in step.indices]
-            groups = pack_step(samples, spec.budget, spec.over_budget)
+            # this rank's share in as few budget-feasible micro-batches as grouping finds
+            grouping = form_groups(samples, spec.budget, spec.over_budget)
+            groups = grouping.groups
             label_tokens = [s.cost.label_tokens for s in samples]
             every = self._exchange((len(groups), sum(label_tokens), len(samples)), "optimizer step", number)
             global_tokens = sum(tokens for _, tokens, _ in every)
@@ -223,6 +226,8 @@ class EpochPlanner:
             stats: Dict[str, float] = {}
             if self.rebalancer is not None:
                 window, stats = self._rebalance_step(window, weights, number)
+            if grouping.over_budget:
+                stats = {**stats, "over_budget": float(len(grouping.over_budget))}
             if number == spec.first_step + len(spec.steps) - 1:
                 self._protocol_over = True  # no exchange follows the last step
             yield from self._emit([(slot, stats if position == 0 else {})

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Hashable, List, NamedTuple, Optional, Sequence
 
-from ..config import OVER_BUDGET_POLICIES
+from ..config import OVER_BUDGET_POLICIES, option_name
 from ..cost import SampleCost, padded_length
 
 
@@ -113,7 +113,8 @@ def form_groups(samples: Sequence[PlannedSample], budget: Budget,
                     f"sample {sample.index} costs {budget.group_cost([sample])} tokens"
                     f" ({tokens} LLM tokens, {vision} vision patches, {audio} audio frames) alone,"
                     f" over the token budget {budget.token_budget}" + budget.describe_caps()
-                    + "; raise the budget, lower cutoff_len/image pixels, or set over_budget='singleton'")
+                    + f"; raise {option_name('token_budget')}, lower cutoff_len/image pixels, or set "
+                    f"{option_name('over_budget')} to 'singleton' (trains it alone)")
             oversized.append(sample)
             groups.append([sample])
             continue

@@ -5,6 +5,7 @@ own TrainerState/TrainerControl over a real TrainLoader (one process)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from transformers import TrainerControl, TrainerState
@@ -35,8 +36,9 @@ def _world(tmp_path, epochs=1.0, audit="audit"):
     return loader, callback, control
 
 
-def _train(loader, callback, control, trainer_state, args, stop_after=None):
-    """HF's loop, as far as the callback sees it: an optimizer step every ACCUMULATION micro-steps."""
+def _train(loader, callback, control, trainer_state, args, stop_after=None, save_at=None):
+    """HF's loop, as far as the callback sees it: an optimizer step every ACCUMULATION micro-steps
+    (and a checkpoint at step `save_at`)."""
     callback.on_train_begin(args, trainer_state, control)
     micro = 0
     for _ in loader:
@@ -45,6 +47,9 @@ def _train(loader, callback, control, trainer_state, args, stop_after=None):
             continue
         trainer_state.global_step += 1
         callback.on_step_end(args, trainer_state, control)
+        if trainer_state.global_step == save_at:
+            (Path(args.output_dir) / f"checkpoint-{save_at}").mkdir(parents=True)
+            callback.on_save(args, trainer_state, control)
         if control.should_training_stop or trainer_state.global_step == stop_after:
             break
     return trainer_state
@@ -101,30 +106,34 @@ def test_the_logged_metrics_sum_the_window_then_start_again(tmp_path):
 
 
 def test_a_checkpoint_keeps_each_ranks_position_and_a_resume_continues_it(tmp_path):
+    """Save at step 3, let the run go on (and die later): the resume into the same audit dir
+    trains the rest of the epoch once, and the ledger holds each step and each sample once."""
     args = _args(tmp_path)
-    loader, callback, control = _world(tmp_path, audit="first")
+    loader, callback, control = _world(tmp_path)
     try:
         loader.set_epoch(0)
-        state = _train(loader, callback, control, TrainerState(max_steps=100), args, stop_after=3)
+        # saved at step 3; steps 4-5 are lost with the run
+        _train(loader, callback, control, TrainerState(max_steps=100), args, stop_after=5, save_at=3)
         checkpoint = tmp_path / "out" / "checkpoint-3"
-        checkpoint.mkdir(parents=True)
-        callback.on_save(args, state, control)
         saved = json.loads(state_path(str(checkpoint), 0).read_text())
-        assert saved["progress"] == [callback.progress.consumed, SAMPLES]
+        assert saved["progress"][1] == SAMPLES and 0 < saved["progress"][0] < callback.progress.consumed
     finally:
         loader.loader.close()
-    loader, callback, control = _world(tmp_path, audit="resumed")
+    (before,) = read_rank_ledgers(str(tmp_path / "audit"))
+    assert [line["step"] for line in before] == [1, 2, 3, 4, 5]
+    loader, callback, control = _world(tmp_path)
     try:
         callback.resume_from = str(checkpoint)
         loader.set_epoch(0)
         _train(loader, callback, control, TrainerState(global_step=3, max_steps=100), args)
         assert callback.progress.consumed == SAMPLES
-        (first,), (rest,) = (read_rank_ledgers(str(tmp_path / d)) for d in ("first", "resumed"))
-        assert [line["step"] for line in first] == [1, 2, 3] and rest[0]["step"] == 4
-        trained = sorted(i for line in first + rest for i in line["indices"])
-        assert trained == [1000 + i for i in range(SAMPLES)]  # nothing twice, nothing lost
     finally:
         loader.loader.close()
+    (lines,) = read_rank_ledgers(str(tmp_path / "audit"))
+    steps = [line["step"] for line in lines]
+    assert steps == list(range(1, len(lines) + 1)) and lines[:3] == before[:3]
+    trained = sorted(i for line in lines for i in line["indices"])
+    assert trained == [1000 + i for i in range(SAMPLES)]  # nothing twice, nothing lost
 
 
 def test_a_checkpoint_without_this_ranks_state_is_refused_by_name(tmp_path):

@@ -116,3 +116,20 @@ def test_a_second_training_in_the_same_process_starts_its_own_schedule(tmp_path,
         assert metrics["effective_tokens_per_sec"] * metrics["train_runtime"] == pytest.approx(tokens, rel=1e-3)
     assert len(rates["first"]) > 2 and rates["first"][1] > 0
     assert rates["second"] == pytest.approx(rates["first"], rel=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", ["samples", "groups"])
+def test_samples_over_the_budget_are_warned_once_and_counted(tmp_path, tiny_model, demo_data, step):
+    """A budget below some samples' length: they train alone, each rank warns once, naming the
+    YAML keys, and the log counts them (`odb/over_budget_samples`, the logging rank's)."""
+    from tests.helpers.lf_runs import log_history, train
+    out = tmp_path / "out"
+    config = base_yaml(tiny_model, demo_data, out, odb_enable=True, odb_step=step, odb_token_budget=64,
+                       max_samples=24, gradient_accumulation_steps=2)
+    proc = train(config, nproc=2)
+    output = proc.stdout + proc.stderr
+    assert output.count("on their own and train alone") == 2, output[-3000:]   # once per rank
+    assert "ODBConfig.token_budget (YAML key odb_token_budget)" in output
+    counted = sum(row.get("odb/over_budget_samples", 0.0) for row in log_history(out))
+    assert counted > 0

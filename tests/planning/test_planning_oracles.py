@@ -162,7 +162,7 @@ def test_over_budget_policies():
         form_groups(samples, Budget(40), over_budget="error")
     with pytest.raises(OverBudgetError, match=r"budget 100 / vision cap 2;"):
         form_groups(samples, Budget(100, max_vision_patches=2), over_budget="error")
-    with pytest.raises(OverBudgetError, match="set over_budget='singleton'"):
+    with pytest.raises(OverBudgetError, match=r"set ODBConfig.over_budget \(YAML key odb_over_budget\) to 'singleton'"):
         form_groups([sample(0, 41)], Budget(40, pad_to_multiple_of=8), over_budget="error")
     assert form_groups(samples[1::2], Budget(40), over_budget="error").over_budget == []
     with pytest.raises(ValueError, match=r"over_budget must be one of \('singleton', 'error'\), got 'skip'"):
