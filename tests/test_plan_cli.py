@@ -200,3 +200,17 @@ def test_model_spec_counts_the_benchmarks_8b_numbers():
         assert getattr(spec, field) == pytest.approx(getattr(QWEN3_VL_8B, field), rel=5e-3), field
     for field in ("llm_layers", "hidden", "attn_dim", "vocab", "vision_layers", "vision_width"):
         assert getattr(spec, field) == getattr(QWEN3_VL_8B, field), field
+
+
+def test_the_dry_run_plans_beside_an_existing_output_dir(tiny_model, demo_data, tmp_path):
+    """A recipe whose output_dir holds an earlier run (and no overwrite_output_dir) is planned:
+    the dry run writes nothing there, so LLaMA-Factory's refusal to overwrite does not apply."""
+    from odb_factory.dry_run.recipe import parse
+    config = base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True)
+    del config["overwrite_output_dir"]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "trainer_state.json").write_text("{}")
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(config))
+    recipe = parse(path)
+    assert recipe.odb_enabled and list((tmp_path / "out").iterdir()) == [tmp_path / "out" / "trainer_state.json"]

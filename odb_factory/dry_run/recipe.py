@@ -106,6 +106,7 @@ def parse(path: Path, overrides: Sequence[str] = ()) -> Recipe:
     set_aside = sorted(k for k, v in DEVICE_ONLY_KEYS.items() if raw.get(k) not in (None, v))
     parse_args = {k: v for k, v in raw.items() if k not in DEVICE_ONLY_KEYS}
     parse_args["use_cpu"] = True  # LLaMA-Factory refuses one process over several GPUs
+    parse_args["overwrite_output_dir"] = True  # it writes nothing: an existing output_dir is no concern
     try:
         model_args, data_args, training_args, finetuning_args, _ = get_train_args(parse_args)
     except ValueError as exc:
