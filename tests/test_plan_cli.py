@@ -209,8 +209,8 @@ def test_the_dry_run_plans_beside_an_existing_output_dir(tiny_model, demo_data, 
     config = base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True)
     del config["overwrite_output_dir"]
     (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "trainer_state.json").write_text("{}")
+    (tmp_path / "out" / "model.safetensors").write_bytes(b"")  # what LLaMA-Factory looks for
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(config))
     recipe = parse(path)
-    assert recipe.odb_enabled and list((tmp_path / "out").iterdir()) == [tmp_path / "out" / "trainer_state.json"]
+    assert recipe.odb_enabled and list((tmp_path / "out").iterdir()) == [tmp_path / "out" / "model.safetensors"]
