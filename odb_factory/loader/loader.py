@@ -9,8 +9,10 @@ Pipeline per rank (docs/dgap.md has the protocol):
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
@@ -34,6 +36,20 @@ from .planner_thread import EpochPlanner, OptimizerStepSpec, PlannerThread, Samp
 from ..comm.channel import SyncChannel
 from ..comm.errors import ODBSyncError
 from ..comm.topology import ranks_per_node
+
+
+def die_with_parent(_worker_id: int) -> None:
+    """DataLoader worker_init_fn: the worker is killed when the rank process that started it
+    dies. torch's own check of the parent runs only between fetches, so a worker blocked on a
+    full pipe to a SIGKILLed rank would otherwise live on (Linux; elsewhere a no-op)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    PR_SET_PDEATHSIG = 1
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
 
 
 def start_workers(loaders: List[DataLoader]) -> None:
@@ -126,7 +142,7 @@ class ODBDataLoader:
             return None  # the stage runs in this process: pipeline in the planner thread,
                          # collation in the training thread
         return DataLoader(dataset, batch_size=None, sampler=sampler, collate_fn=identity,
-                          num_workers=workers, persistent_workers=True,
+                          num_workers=workers, persistent_workers=True, worker_init_fn=die_with_parent,
                           prefetch_factor=self.config.prefetch_factor,
                           multiprocessing_context=self.config.multiprocessing_context)
 

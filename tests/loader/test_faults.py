@@ -287,3 +287,47 @@ def _reiterate(rank, world):
 def test_reiterating_an_epoch_counts_steps_from_zero():
     results = run_world(_reiterate, 2, timeout=120)
     assert results[0] == results[1] == list(range(len(results[0])))
+
+
+def _alive(pid: int) -> bool:
+    from pathlib import Path
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().split()[2] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="parent-death signal is Linux's")
+def test_a_killed_rank_leaves_no_worker_process_behind():
+    """SIGKILL a rank whose sample workers are blocked writing big samples to it: the workers
+    die with it (without the parent-death signal they lived on, re-parented, for good)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "helpers" / "scripts" / "loader_then_sleep.py"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    rank = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    workers = []
+    try:
+        line = rank.stdout.readline().split()
+        assert line and line[0] == "workers", line
+        workers = [int(p) for p in line[1:]]
+        assert len(workers) == 2 and all(_alive(p) for p in workers)
+        time.sleep(1.0)  # the workers fill the pipe meanwhile
+        rank.kill()
+        rank.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [p for p in workers if _alive(p)] == []
+    finally:
+        rank.kill()
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
