@@ -8,6 +8,8 @@ function or a class instance, not a lambda, under the spawn start method).
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
 import numpy
@@ -22,6 +24,35 @@ class SampleCost(NamedTuple):
 
 
 CostFn = Callable[[Any], SampleCost]
+
+
+class InvalidCostError(ValueError):
+    """A cost function returned a count the planner cannot plan with (names sample and value)."""
+
+
+def checked_cost(cost: Any, index: int) -> SampleCost:
+    """`cost` as a SampleCost of whole counts: at least 1 LLM input token (a sample is its
+    input_ids), the rest 0 or more. Integral floats are accepted as their integer; anything
+    else (0 tokens, negative, fractional, NaN, not a number) is refused naming dataset sample
+    `index` and the value, since the planner would form groups far over the budget with it."""
+    if type(cost) is not SampleCost:
+        try:
+            cost = SampleCost(*cost)  # a user cost function may return a plain tuple
+        except TypeError:
+            raise InvalidCostError(f"dataset sample {index}: the cost function returned {cost!r}, not a "
+                                   "SampleCost(input_tokens, label_tokens, vision_patches, audio_frames)") from None
+    counts = []
+    for name, value in zip(SampleCost._fields, cost):
+        number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        whole = number and isinstance(value, numbers.Integral)
+        if number and not whole and math.isfinite(value) and float(value).is_integer():
+            value, whole = int(value), True
+        least = 1 if name == "input_tokens" else 0
+        if not whole or value < least:
+            raise InvalidCostError(f"dataset sample {index}: the cost function returned {name}={value!r}; "
+                                   f"costs are whole counts, {name} at least {least} ({cost!r})")
+        counts.append(int(value))
+    return SampleCost(*counts)
 
 # Qwen2.5-Omni's audio tower halves the frames twice (a stride-2 convolution, then pooling):
 # one audio token in the text stands for about four mel frames.

@@ -259,3 +259,37 @@ def test_a_cost_function_returning_tuples_gives_sample_costs_in_a_chunk():
     costed = CostedDataset([{"n": 3}, {"n": 5}], lambda s: (s["n"], 1))
     assert [c for _, _, c in costed.fetch([1, 0])] == [SampleCost(5, 1), SampleCost(3, 1)]
     assert all(type(c) is SampleCost for _, _, c in costed.fetch([1, 0]))
+
+
+@pytest.mark.parametrize("bad, named", [
+    ((0, 1), "input_tokens=0"), ((-5, 1), "input_tokens=-5"), ((2.5, 1), "input_tokens=2.5"),
+    ((float("nan"), 1), "input_tokens=nan"), ((4, -1), "label_tokens=-1"), ((4, 1, 0.5), "vision_patches=0.5"),
+    ((4, 1, 0, float("inf")), "audio_frames=inf"), ((4, "3"), "label_tokens='3'"), ((True, 1), "input_tokens=True"),
+])
+def test_a_cost_the_planner_cannot_plan_with_is_refused_naming_sample_and_value(bad, named):
+    from odb_factory.cost import InvalidCostError
+    from odb_factory.loader.sample_stage import CostedDataset
+    costed = CostedDataset([{"n": 3}] * 5, lambda s: bad)
+    with pytest.raises(InvalidCostError, match=rf"^dataset sample 4: the cost function returned {named}; costs are "
+                                                r"whole counts, \w+ at least [01] "):
+        costed.fetch([4])
+
+
+def test_whole_counts_of_any_number_type_are_accepted_as_ints():
+    from odb_factory.loader.sample_stage import CostedDataset
+    costed = CostedDataset([{}], lambda s: (np.int64(7), 3.0, np.float32(2.0), 0))
+    ((_, _, cost),) = costed.fetch([0])
+    assert cost == SampleCost(7, 3, 2, 0) and all(type(v) is int for v in cost)
+
+
+def test_bad_costs_are_refused_by_the_loader_before_any_step():
+    from odb_factory import ODBDataLoader
+    from odb_factory.cost import InvalidCostError
+    from odb_factory.synthetic import LengthDataset, pad_collate
+    loader = ODBDataLoader(LengthDataset([5, 6, 7, 8]), ODBConfig(token_budget=32), collate_fn=pad_collate,
+                           cost_fn=lambda s: SampleCost(0, 1))
+    try:
+        with pytest.raises(InvalidCostError, match="input_tokens=0"):
+            next(iter(loader))
+    finally:
+        loader.close()

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator, List, Tuple
 
 from torch.utils.data import Dataset, Sampler
 
-from ..cost import CostFn, MissingCostKeyError, SampleCost
+from ..cost import CostFn, MissingCostKeyError, SampleCost, checked_cost
 from .payload import Packed, pack
 
 MAX_CHUNK = 16  # samples per worker fetch (see chunk_size)
@@ -47,9 +47,7 @@ class CostedDataset:
             costs = None  # measured one by one below, so the error names the sample
         if costs is None:
             costs = [self._cost(index, sample) for index, sample in zip(indices, samples)]
-        # a user cost function may return a plain tuple
-        return [(index, sample, cost if type(cost) is SampleCost else SampleCost(*cost))
-                for index, sample, cost in zip(indices, samples, costs)]
+        return [(index, sample, checked_cost(cost, index)) for index, sample, cost in zip(indices, samples, costs)]
 
     def _cost(self, index: int, sample: Any) -> SampleCost:
         try:
