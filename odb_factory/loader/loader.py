@@ -174,6 +174,9 @@ class ODBDataLoader:
         if state.get("world_size") != self.world_size:
             raise ValueError(f"ODB state was saved with world size {state.get('world_size')}, "
                              f"this run has {self.world_size}")
+        if state.get("rank") != self.rank:
+            raise ValueError(f"ODB state of rank {state.get('rank')} given to rank {self.rank}: each rank "
+                             "resumes from the state it saved (save one per rank, load it on the same rank)")
         changed = {k: (v, state["config"].get(k)) for k, v in self.config.planning_fields().items()
                    if state["config"].get(k) != v}
         if changed:

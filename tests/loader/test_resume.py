@@ -66,3 +66,30 @@ def test_resume_mid_epoch(tmp_path, join, workers, global_grouping):
         assert sorted(i for _, nxt in second for i in nxt) == list(range(N))
     else:
         assert len(before) + len(after) == sum(map(len, full)) == N
+
+
+def _load_foreign(rank, world, state_dir):
+    """Each rank is handed its peer's state, then its own with another world size."""
+    loader = _make(True, 0)
+    errors = []
+    peer = pickle.loads(Path(state_dir, f"rank{1 - rank}.pkl").read_bytes())
+    own = pickle.loads(Path(state_dir, f"rank{rank}.pkl").read_bytes())
+    for state in (peer, dict(own, world_size=3)):
+        try:
+            loader.load_state_dict(state)
+            errors.append(None)
+        except ValueError as exc:
+            errors.append(str(exc))
+    loader.load_state_dict(own)  # its own state loads
+    loader.close()
+    return errors
+
+
+def test_a_foreign_state_is_refused_by_rank_and_world_size(tmp_path):
+    """Another rank's state would train its samples twice on this rank (and lose this rank's);
+    another world size would plan other views: both are refused by name."""
+    run_world(_first_part, 2, True, 0, 3, str(tmp_path))
+    for rank, (peer, other_world) in enumerate(run_world(_load_foreign, 2, str(tmp_path))):
+        assert peer == (f"ODB state of rank {1 - rank} given to rank {rank}: each rank resumes from the state "
+                        "it saved (save one per rank, load it on the same rank)")
+        assert other_world == "ODB state was saved with world size 3, this run has 2"
