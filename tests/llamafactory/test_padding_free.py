@@ -223,6 +223,9 @@ def test_pack_group_layout_and_errors():
     assert two_rows[TOKEN_SAMPLE_KEY].tolist() == [[0, 0, 0], [1, 1, -1]]
     assert two_rows["cu_seq_lens_q"].tolist() == [0, 3, 5, 6]  # the second row's padding: a segment of its own
     assert two_rows["position_ids"].shape == (4, 2, 3) and two_rows["position_ids"][0].tolist() == [[0, 1, 2], [0, 1, 0]]
+    # a row exactly as long as row_tokens holds both samples (the cut is for what would go over)
+    assert pack_group(batch, [3, 2], row_tokens=5)["input_ids"].tolist() == [[5, 6, 7, 8, 9]]
+    assert pack_group(batch, [3, 2], row_tokens=4)["input_ids"].tolist() == [[5, 6, 7], [8, 9, 0]]
     with_placeholder = pack_group(batch, [2, 2], placeholder=1)
     assert with_placeholder[TOKEN_SAMPLE_KEY].tolist() == [[0, 0, 1, 1, -1]]
     assert with_placeholder["cu_seq_lens_q"].tolist() == [0, 2, 4, 5]
