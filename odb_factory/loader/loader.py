@@ -120,6 +120,8 @@ class ODBDataLoader:
         self._costed = CostedDataset(dataset, cost_fn or DefaultCost.from_config(config))
         self._standard_steps = standard_steps or self._fixed_batch_steps
         self._optimizer_steps: Dict[int, int] = {}     # samples mode: epoch -> steps completed
+        self._micro_in_step: Dict[int, int] = {}       # samples mode: epoch -> micro-steps since the last
+        self._replay = 0                               # samples mode: micro-steps to re-plan, not yield
         self._epoch = 0
         self._consumed: Dict[int, List[int]] = {}      # epoch -> indices trained on this rank
         self._consumed_global: Dict[int, int] = {}     # epoch -> samples trained by all ranks
@@ -165,12 +167,14 @@ class ODBDataLoader:
                 "consumed_global": self._consumed_global.get(self._epoch, 0),
                 "steps": self.metrics.epoch_steps.get(self._epoch, 0),
                 "optimizer_steps": self._optimizer_steps.get(self._epoch, 0),
+                "micro_steps_in_step": self._micro_in_step.get(self._epoch, 0),
                 "config": self.config.planning_fields()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a state saved by state_dict() on this rank; the next iteration of that
         epoch skips every index any rank already trained (join) or the trained count
-        (non-join). Resuming with another world size is not supported."""
+        (non-join); in samples mode it continues the fixed-batch run's steps from the micro-step
+        the state was saved after. Resuming with another world size is not supported."""
         if state.get("world_size") != self.world_size:
             raise ValueError(f"ODB state was saved with world size {state.get('world_size')}, "
                              f"this run has {self.world_size}")
@@ -228,13 +232,18 @@ class ODBDataLoader:
             self._consumed_global[epoch] = 0
             self.metrics.epoch_steps[epoch] = 0
             self._optimizer_steps[epoch] = 0
+            self._micro_in_step[epoch] = self._replay = 0
             return set(), 0
         every = self.sync.all_gather(state["consumed"], "resume", epoch)
         trained = set().union(*map(set, every))
         self._consumed[epoch] = list(state["consumed"])
         self._consumed_global[epoch] = state["consumed_global"]
-        self.metrics.epoch_steps[epoch] = state["steps"]
         self._optimizer_steps[epoch] = state.get("optimizer_steps", 0)
+        # samples mode, saved between the micro-steps of an optimizer step: the step is planned
+        # again (the same micro-batches, on every rank) and its first micro-steps are not yielded
+        self._replay = state.get("micro_steps_in_step", 0)
+        self.metrics.epoch_steps[epoch] = state["steps"] - self._replay
+        self._micro_in_step[epoch] = 0
         return trained, state["consumed_global"]
 
     def _iterate(self, epoch: int) -> Iterator[ODBBatch]:
@@ -304,6 +313,11 @@ class ODBDataLoader:
                     epoch_planner.leave(last_step)
                     raise error
                 last_step = plan.step
+                if self._replay:  # trained before the state was saved
+                    self._replay -= 1
+                    self.metrics.epoch_steps[epoch] += 1
+                    self._micro_in_step[epoch] += 1
+                    continue
                 yield self._to_batch(plan, data, time.perf_counter() - start)
         finally:
             self._last_epoch_end = (epoch, last_step)
@@ -359,6 +373,8 @@ class ODBDataLoader:
         metrics = self.metrics.record(plan, wait_s)
         if plan.step_end:
             self._optimizer_steps[plan.epoch] = self._optimizer_steps.get(plan.epoch, 0) + 1
+        if self.config.step_mode == "samples":  # (groups mode plans on from what was trained)
+            self._micro_in_step[plan.epoch] = 0 if plan.step_end else self._micro_in_step.get(plan.epoch, 0) + 1
         self._consumed.setdefault(plan.epoch, []).extend(plan.indices)
         self._consumed_global[plan.epoch] = self._consumed_global.get(plan.epoch, 0) + plan.global_num_samples
         return ODBBatch(data=data, indices=list(plan.indices), label_tokens=plan.label_tokens,
