@@ -75,12 +75,26 @@ class PeerDeparted(ODBSyncError):
         return min(d.last_step for d in self.departures)
 
 
+def _arrivals_store(group: Any) -> Optional[Any]:
+    """The default process group's store (private in torch 2.14: upstream_contract.py), or None."""
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+        return _get_default_store() if getattr(group, "group_name", None) is not None else None
+    except (ImportError, RuntimeError):
+        return None
+
+
 class SyncChannel:
-    def __init__(self, group: Optional[Any], rank: int, world_size: int, timeout_s: float):
+    def __init__(self, group: Optional[Any], rank: int, world_size: int, timeout_s: float,
+                 store: Optional[Any] = None):
         self.group = group
         self.rank = rank
         self.world_size = world_size
         self.timeout_s = timeout_s
+        # the process group's key-value store: each rank counts the exchanges it entered there,
+        # so a rank that times out can name the peers that never arrived (None: not named)
+        self.store = store
+        self.entered = 0
 
     @classmethod
     def create(cls, timeout_s: float) -> "SyncChannel":
@@ -98,7 +112,7 @@ class SyncChannel:
                 f"rank {rank}: cannot create the ODB alignment channel (a Gloo group over "
                 f"{world} ranks): {exc}. ODB refuses to run without it; check that torch "
                 f"was built with Gloo and that MASTER_ADDR/MASTER_PORT reach every rank") from exc
-        return cls(group, rank, world, timeout_s)
+        return cls(group, rank, world, timeout_s, store=_arrivals_store(group))
 
     def all_gather(self, obj: Any, what: str, epoch: int = -1, round: int = -1) -> List[Any]:
         """Every rank's `obj`. Raises PeerDeparted when a peer left instead, and
@@ -125,8 +139,32 @@ class SyncChannel:
             self._gather(departure, what, departure.epoch, -1)
 
     def _gather(self, obj: Any, what: str, epoch: int, round: int) -> List[Any]:
-        return gather_objects(
-            obj, self.group, what, f"epoch {epoch}, round {round}", self.timeout_s,
-            kind="ODB alignment exchange",
-            hint="Another rank probably failed or stopped iterating at a different step (see "
-                 "its log); if ranks are only slow, raise ODBConfig.sync_timeout_s")
+        self.entered += 1
+        if self.store is not None:
+            self.store.add(self._arrivals_key(self.rank), 1)
+        try:
+            return gather_objects(
+                obj, self.group, what, f"epoch {epoch}, round {round}", self.timeout_s,
+                kind="ODB alignment exchange",
+                hint="Another rank probably failed or stopped iterating at a different step (see "
+                     "its log); if ranks are only slow, raise ODBConfig.sync_timeout_s")
+        except ODBSyncError as exc:
+            absent = self.absent_peers()
+            if absent:
+                raise ODBSyncError(f"{exc} Rank(s) {absent} never entered this exchange (number "
+                                   f"{self.entered} of this channel): stopped, hung or busy "
+                                   "elsewhere for the whole timeout") from exc
+            raise
+
+    def _arrivals_key(self, rank: int) -> str:
+        return f"odb_factory/channel/{self.group.group_name}/entered/{rank}"
+
+    def absent_peers(self) -> List[int]:
+        """Ranks that have entered fewer of this channel's exchanges than this rank."""
+        if self.store is None:
+            return []
+        try:
+            entered = [int(self.store.add(self._arrivals_key(r), 0)) for r in range(self.world_size)]
+        except Exception:  # the store went with the failure: nothing to add to the error
+            return []
+        return [r for r, count in enumerate(entered) if count < self.entered]

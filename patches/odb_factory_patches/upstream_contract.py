@@ -15,7 +15,9 @@ gate, the part of odb-factory that cannot work without it:
   warning;
 * ``vision``: encoder-stage balancing (odb_factory.encoder_stage's qwen3_vl_patch and qwen2_5_omni_patch,
   applied by the trainer on demand): checked by tests/patches; their ``apply()`` accepts
-  transformers 4.57.1–4.57.6 and 5.6.0 only.
+  transformers 4.57.1–4.57.6 and 5.6.0 only;
+* ``diagnostics``: an exchange that times out names the ranks that never entered it (without
+  the symbol the error names the rank that noticed only): checked by tests/patches.
 
 ``apply()`` runs the static checks of the first two gates (a few milliseconds: every module
 involved is already imported by then); ``check(deep=True)`` adds the behaviour probes.
@@ -34,7 +36,7 @@ from typing import Any
 
 from odb_factory.versions import ENCODER_STAGE_TRANSFORMERS_5, TRANSFORMERS_4_57, TRANSFORMERS_5, version_tuple
 
-GATES = ("odb", "cpu_resume", "vision")
+GATES = ("odb", "cpu_resume", "vision", "diagnostics")
 PACKAGES = ("torch", "accelerate", "transformers", "llamafactory")
 _NO_VALUE = object()
 
@@ -208,6 +210,7 @@ def _probe_pixel_identity() -> str | None:
 # --------------------------------------------------------------------------- the contract
 _LOADER = "odb_factory/loader/loader.py"
 _TRAINER = "odb_factory/llamafactory/trainer.py"
+_STEP_MODES = "odb_factory/llamafactory/step_modes.py"
 _LAZY = "odb_factory/llamafactory/lazy_dataset.py"
 _AUDIO = "patches/odb_factory_patches/llamafactory_audio_reading.py"
 _QWEN = "odb_factory/encoder_stage/qwen3_vl_patch.py"
@@ -270,10 +273,13 @@ CONTRACT: tuple = (
           probe=_probe_persistent_workers),
     Entry("torch", "torch.utils.data.dataloader:_MultiProcessingDataLoaderIter._shutdown_workers", _LOADER,
           "close() stops the persistent workers (torch has no public way)", params=("self",)),
-    Entry("torch", "torch.optim.lr_scheduler:LambdaLR.get_lr", _TRAINER,
+    Entry("torch", "torch.distributed.distributed_c10d:_get_default_store", "odb_factory/comm/channel.py",
+          "each rank counts the exchanges it entered in the process group's store, so a timeout names "
+          "the ranks that never arrived", params=(), gate="diagnostics"),
+    Entry("torch", "torch.optim.lr_scheduler:LambdaLR.get_lr", _STEP_MODES,
           "create_scheduler swaps scheduler.lr_lambdas for sample-progress lambdas",
           uses=("lr_lambdas",), probe=_probe_lambda_lr),
-    Entry("torch", "torch.optim.lr_scheduler:LambdaLR.state_dict", _TRAINER,
+    Entry("torch", "torch.optim.lr_scheduler:LambdaLR.state_dict", _STEP_MODES,
           "plain-function lambdas are saved as None (checkpoints load with weights_only=True)",
           uses=("lr_lambdas", "FunctionType")),
     Entry("torch", "torch.serialization:register_package", "patches/odb_factory_patches/torch_serialization.py",

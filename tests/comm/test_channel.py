@@ -197,3 +197,29 @@ def test_an_absent_peer_times_out_with_an_error_naming_rank_epoch_and_round():
     assert text.startswith("ODB alignment exchange 'costs' failed on rank 0/2 (epoch 4, round 7) after "), text
     assert "timeout 2s" in text and "raise ODBConfig.sync_timeout_s" in text
     assert "timed out" in text.lower(), "the channel's own timeout ended the wait (not the peer's exit)"
+
+
+def _silent_peer(rank, world):
+    """Rank 2 goes silent (as a SIGSTOPped process) after the first exchange."""
+    import time
+
+    from odb_factory.comm import ODBSyncError, SyncChannel
+    sync = SyncChannel.create(timeout_s=2.0)
+    sync.all_gather(rank, "status", epoch=0, round=0)
+    if rank == 2:
+        time.sleep(4.0)
+        return None
+    try:
+        sync.all_gather(rank, "costs", epoch=0, round=1)
+    except ODBSyncError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.slow
+def test_a_timeout_names_the_rank_that_went_silent_not_only_the_one_that_noticed():
+    results = run_world(_silent_peer, 3, timeout=60)
+    for rank in (0, 1):
+        assert results[rank].startswith(f"ODB alignment exchange 'costs' failed on rank {rank}/3 "), results[rank]
+        assert results[rank].endswith("Rank(s) [2] never entered this exchange (number 2 of this channel): "
+                                      "stopped, hung or busy elsewhere for the whole timeout"), results[rank]
