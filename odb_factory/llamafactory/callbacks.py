@@ -15,6 +15,11 @@ from .encoder_metrics import EncoderStageMetrics
 STATE_FILE = "odb_state_rank{rank}.json"
 
 
+def _strategy(value: Any) -> str:
+    """An IntervalStrategy/SaveStrategy (or its string) as its value: "steps", "epoch", "no"."""
+    return str(getattr(value, "value", value))
+
+
 def state_path(checkpoint_dir: str, rank: int) -> Path:
     return Path(checkpoint_dir) / STATE_FILE.format(rank=rank)
 
@@ -61,12 +66,26 @@ class ODBCallback(TrainerCallback):
             estimate = round(trainer_state.global_step / done) if done > 0 else trainer_state.max_steps
             trainer_state.max_steps = max(estimate, trainer_state.global_step + 2)
             if trainer_state.epoch >= self.num_train_epochs - 1e-9:
-                control.should_training_stop = True
+                self._last_step(args, trainer_state, control)
             elif bound_reached:
                 # HF stopped at its step estimate, which ODB's variable batches overrun; a stop
                 # asked for by another callback (LLaMA-Board's abort, a user's) is kept
                 control.should_training_stop = False
         return control
+
+    @staticmethod
+    def _last_step(args, trainer_state, control) -> None:
+        """The data ran out: this is the run's last optimizer step. HF's flow callback, which
+        had only the step estimate, did not know; do what it does at a last step: stop, and
+        evaluate and save when the strategy is by steps."""
+        control.should_training_stop = True
+        trainer_state.max_steps = trainer_state.global_step
+        step = trainer_state.global_step
+        if (_strategy(getattr(args, "eval_strategy", None)) == "steps" and trainer_state.eval_steps
+                and step % trainer_state.eval_steps != 0 and getattr(args, "eval_delay", 0) <= step):
+            control.should_evaluate = True
+        if _strategy(getattr(args, "save_strategy", None)) == "steps":
+            control.should_save = True
 
     def on_train_end(self, args, trainer_state, control, **kwargs):
         if not self.max_steps_from_user:

@@ -118,8 +118,9 @@ class StepMode:
         """A `compute_loss_func` for HF's trainer (None: keep the trainer's)."""
         return None
 
-    def describe(self, per_device_batch: int, config: ODBConfig) -> None:
-        """Start-up log lines a user needs about the steps."""
+    def describe(self, per_device_batch: int, accumulation: int) -> None:
+        """Start-up log lines a user needs about the steps (`accumulation`: the run's micro-batches
+        per optimizer step, `engine_accumulation`)."""
 
     def engine_accumulation(self, config: ODBConfig, hf_accumulation: int) -> int:
         """gradient_accumulation_steps of the engine's configuration."""
@@ -178,8 +179,8 @@ class SamplesMode(StepMode):
                            chosen, fixed_batch_loss)
         return chosen
 
-    def describe(self, per_device_batch: int, config: ODBConfig) -> None:
-        if per_device_batch * config.gradient_accumulation_steps == 1:
+    def describe(self, per_device_batch: int, accumulation: int) -> None:
+        if per_device_batch * accumulation == 1:
             logger.warning("ODB: odb_step: samples with one sample per rank and optimizer step leaves "
                            "nothing to group: the run is the fixed-batch run. Raise "
                            "gradient_accumulation_steps (the same global batch in fewer, fuller "
@@ -250,11 +251,11 @@ class GroupsMode(StepMode):
     def loss_function(self, loss_scaling: str) -> Optional[Callable[..., torch.Tensor]]:
         return token_sum_loss if loss_scaling == "exact" else None
 
-    def describe(self, per_device_batch: int, config: ODBConfig) -> None:
-        logger.warning("ODB: odb_step: groups: every optimizer step holds %d token-budgeted groups per "
+    def describe(self, per_device_batch: int, accumulation: int) -> None:
+        logger.warning("ODB: odb_step: groups: every optimizer step holds %d token-budgeted group%s per "
                        "rank, not the recipe's %d samples per rank; the number of samples per "
                        "optimizer step is logged as odb/samples_per_optimizer_step",
-                       config.gradient_accumulation_steps, per_device_batch * config.gradient_accumulation_steps)
+                       accumulation, "" if accumulation == 1 else "s", per_device_batch * accumulation)
 
     def engine_accumulation(self, config: ODBConfig, hf_accumulation: int) -> int:
         return hf_accumulation

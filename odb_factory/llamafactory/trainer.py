@@ -78,7 +78,8 @@ class ODBTrainerMixin:
         self._odb_packed_attention = self._odb_choose_padding_free(model)
         if self._odb.vision_stage or self._odb.audio_stage:
             self._odb_callback.encoder_stages.balancers = self._odb_balance_encoder_stages()
-        self._odb_mode.describe(self.args.per_device_train_batch_size, self._odb.config)
+        self._odb_mode.describe(self.args.per_device_train_batch_size, self._odb_mode.engine_accumulation(
+            self._odb.config, self.args.gradient_accumulation_steps))
 
     def _odb_choose_padding_free(self, model: Any) -> Optional[str]:
         """Settle `odb_padding_free` (auto: by the model) and switch the model's decoder to the

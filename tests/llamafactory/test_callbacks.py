@@ -62,10 +62,12 @@ def _args(tmp_path):
 
 def test_the_epoch_follows_the_samples_and_the_step_bound_stays_ahead(tmp_path):
     loader, callback, control = _world(tmp_path)
-    state = TrainerState(max_steps=3)  # HF's estimate, below the real count
+    state = TrainerState(max_steps=3, eval_steps=1000)  # HF's estimate, below the real count
+    from types import SimpleNamespace
+    args = SimpleNamespace(eval_strategy="steps", save_strategy="steps", eval_delay=0)
     try:
         loader.set_epoch(0)
-        callback.on_train_begin(None, state, control)
+        callback.on_train_begin(args, state, control)
         epochs, bounds = [], []
         micro = 0
         for _ in loader:
@@ -73,7 +75,8 @@ def test_the_epoch_follows_the_samples_and_the_step_bound_stays_ahead(tmp_path):
             if micro % ACCUMULATION:
                 continue
             state.global_step += 1
-            callback.on_step_end(None, state, control)
+            control.should_save = control.should_evaluate = False
+            callback.on_step_end(args, state, control)
             epochs.append(state.epoch)
             bounds.append(state.max_steps)
             if control.should_training_stop:
@@ -81,6 +84,8 @@ def test_the_epoch_follows_the_samples_and_the_step_bound_stays_ahead(tmp_path):
         assert epochs == sorted(epochs) and epochs[-1] == pytest.approx(1.0)
         assert all(bound >= step + 1 for step, bound in enumerate(bounds, 1) if epochs[step - 1] < 1.0)
         assert control.should_training_stop, "the data ran out: training must stop"
+        # the last step is known only now: saved and evaluated as HF does at its last step
+        assert state.max_steps == state.global_step and control.should_save and control.should_evaluate
         callback.on_train_end(None, state, control)
         assert state.max_steps == state.global_step
         ledger, = read_rank_ledgers(str(tmp_path / "audit"))

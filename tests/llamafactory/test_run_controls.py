@@ -133,3 +133,21 @@ def test_samples_over_the_budget_are_warned_once_and_counted(tmp_path, tiny_mode
     assert "ODBConfig.token_budget (YAML key odb_token_budget)" in output
     counted = sum(row.get("odb/over_budget_samples", 0.0) for row in log_history(out))
     assert counted > 0
+
+
+@pytest.mark.slow
+def test_groups_mode_saves_and_evaluates_at_its_last_step(tmp_path, tiny_model, demo_data):
+    """In groups mode the number of optimizer steps is known when the data runs out: that step
+    is saved and evaluated as HF's last step is (save/eval by steps), and the logged epoch is 1."""
+    from tests.helpers.lf_runs import log_history, train
+    out = tmp_path / "out"
+    config = base_yaml(tiny_model, demo_data, out, odb_enable=True, odb_step="groups", odb_token_budget=512,
+                       max_samples=40, gradient_accumulation_steps=2, save_strategy="steps", save_steps=100,
+                       val_size=0.2, eval_strategy="steps", eval_steps=100, per_device_eval_batch_size=2)
+    train(config, nproc=2)
+    state = json.loads((out / "trainer_state.json").read_text())
+    last = state["global_step"]
+    assert state["max_steps"] == last < 100
+    assert (out / f"checkpoint-{last}").is_dir(), sorted(p.name for p in out.iterdir())
+    evals = [row for row in log_history(out) if "eval_loss" in row]
+    assert evals and evals[0]["step"] == last
