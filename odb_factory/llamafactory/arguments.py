@@ -12,7 +12,7 @@ from ..config import LF_PREFIX, ODBConfig, lf_defaults, lf_keys, option, typed_d
 from ..versions import ENCODER_STAGE_TRANSFORMERS_RANGES, FLASH_ATTENTION_BROKEN, describe, encoder_stage_supported
 from .padding_free import padding_free_refusal
 
-SUPPORTED_STAGES = ("sft",)
+SUPPORTED_STAGES = ("sft", "pt")
 PADDING_FREE_CHOICES = ("auto", "true", "false")
 PACKED_ATTENTIONS = ("segments", "mask")
 BALANCE_STAGES = ("llm", "vision", "audio")
@@ -22,7 +22,7 @@ BALANCE_STAGES = ("llm", "vision", "audio")
 class AdapterOptions:
     """Options of the LLaMA-Factory adapter itself (YAML key = `odb_` + field name)."""
 
-    enable: bool = option(False, "Turn Online Dynamic Batching on (stage `sft`).", agree=False)
+    enable: bool = option(False, "Turn Online Dynamic Batching on (stages `sft` and `pt`).", agree=False)
     lazy_preprocess: bool = option(
         True, "Run LLaMA-Factory's template, tokenisation and vision-token expansion per sample "
         "in the DataLoader workers instead of an upfront `datasets.map`.", agree=False)
@@ -194,15 +194,24 @@ def padding_free_costs(engine_values: Mapping[str, Any]) -> Dict[str, Any]:
     return values
 
 
+def stage_arguments(raw: Mapping[str, Any]) -> Dict[str, Any]:
+    """Stage pt: LLaMA-Factory concatenates the documents into cutoff_len blocks unless
+    `packing` is set (every block then costs the same, nothing to batch dynamically); with ODB
+    each document is a sample of its own length, so an unset `packing` becomes false."""
+    if raw.get("stage", "sft") == "pt" and raw.get("packing") is None:
+        return dict(raw, packing=False)
+    return dict(raw)
+
+
 def check_compatible(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
     """Reject settings ODB cannot honour, with the reason. Works on the raw YAML keys so it
     runs before LLaMA-Factory builds TrainingArguments (and with it the process group)."""
-    stage = raw.get("stage", "sft")
-    if stage not in SUPPORTED_STAGES:
-        raise ValueError(f"odb_* options apply to stage {list(SUPPORTED_STAGES)}; this run has stage "
-                         f"'{stage}'. Remove the odb_* keys or use stage: sft")
     if not odb.adapter.enable:
         return
+    stage = raw.get("stage", "sft")
+    if stage not in SUPPORTED_STAGES:
+        raise ValueError(f"odb_enable: true applies to stage {list(SUPPORTED_STAGES)}; this run has stage "
+                         f"'{stage}'. Set odb_enable: false (or remove the odb_* keys), or use stage: sft or pt")
     problems = []
     if raw.get("packing") or raw.get("neat_packing"):
         problems.append("packing/neat_packing: ODB forms token-budgeted groups itself (packing would "

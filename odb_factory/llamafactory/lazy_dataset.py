@@ -13,6 +13,14 @@ from typing import Any, Dict, List
 REQUIRED_COLUMNS = ("_prompt", "_response")
 
 
+def trainable_row(prompt: List[Any], response: List[Any], stage: str) -> bool:
+    """Whether LLaMA-Factory's processor for `stage` keeps a converted row: sft, an odd number
+    of prompt turns and exactly one response; pt, a document (the first prompt turn's text)."""
+    if stage == "pt":
+        return bool(prompt) and bool(prompt[0].get("content"))
+    return len(prompt) % 2 == 1 and len(response) == 1
+
+
 class TruncatedVisionTokensError(ValueError):
     """cutoff_len cut into a sample's image/video/audio tokens: the model cannot match them to
     the encoder's features, and would fail later with an opaque shape mismatch."""
@@ -22,19 +30,19 @@ class LazySupervisedDataset:
     """dataset[i] -> LLaMA-Factory's processed sample for converted row `rows[i]`.
 
     `converted` is the format-aligned dataset (`_prompt`, `_response`, `_system`, `_tools`,
-    `_images`, `_videos`, `_audios`); `processor` is LLaMA-Factory's
-    SupervisedDatasetProcessor. Rows LLaMA-Factory would drop as malformed (a prompt that is
-    not an odd number of turns, or not exactly one response) are left out up front, from
-    the cheap format columns only.
+    `_images`, `_videos`, `_audios`); `processor` is LLaMA-Factory's processor of `stage`
+    (SupervisedDatasetProcessor for sft, PretrainDatasetProcessor without packing for pt). Rows
+    LLaMA-Factory would drop as malformed (`trainable_row`) are left out up front, from the
+    cheap format columns only.
     """
 
-    def __init__(self, converted: Any, processor: Any):
+    def __init__(self, converted: Any, processor: Any, stage: str = "sft"):
         missing = [c for c in REQUIRED_COLUMNS if c not in converted.column_names]
         if missing:
             raise ValueError(f"the converted dataset lacks columns {missing}; is it an SFT dataset?")
         prompts, responses = converted["_prompt"], converted["_response"]
         self.rows: List[int] = [i for i, (p, r) in enumerate(zip(prompts, responses))
-                                if len(p) % 2 == 1 and len(r) == 1]
+                                if trainable_row(p, r, stage)]
         self.converted = converted
         self.processor = processor
         self.column_names = list(converted.column_names)

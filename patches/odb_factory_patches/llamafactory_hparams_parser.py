@@ -37,7 +37,7 @@ def apply(unsupported: str | None = None) -> None:
         if run.enabled:
             arguments.check_paths(rest)
             arguments.check_model(run.options, rest)
-            rest = run.step_mode.lf_arguments(run.options, rest)
+            rest = arguments.stage_arguments(run.step_mode.lf_arguments(run.options, rest))
         parsed = original(rest)
         _model, data_args, _training, finetuning_args, _generating = parsed
         attach(run, data_args, finetuning_args)

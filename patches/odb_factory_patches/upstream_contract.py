@@ -409,6 +409,14 @@ CONTRACT: tuple = (
           "builds its trainer, and counts effective tokens, through the module-level names "
           "CustomSeq2SeqTrainer and calculate_tps the patch replaces",
           uses=("CustomSeq2SeqTrainer", "calculate_tps")),
+    Entry("llamafactory", "llamafactory.train.pt.workflow:run_pt",
+          "patches/odb_factory_patches/llamafactory_pt_workflow.py",
+          "builds its trainer through the module-level name CustomTrainer the patch replaces, with the "
+          "finetuning arguments as a keyword", uses=("CustomTrainer", "finetuning_args")),
+    Entry("llamafactory", "llamafactory.data.processor.pretrain:PretrainDatasetProcessor.preprocess_dataset",
+          "odb_factory/llamafactory/lazy_dataset.py",
+          "stage pt, packing false: one document per row, so the lazy dataset runs it per sample",
+          params=("self", "examples"), uses=("packing", "_prompt")),
     Entry("llamafactory", "llamafactory.extras.misc:calculate_tps",
           "patches/odb_factory_patches/llamafactory_sft_workflow.py",
           "replaced for ODB runs: tokens from the loader's counts, not a pass over the dataset",
