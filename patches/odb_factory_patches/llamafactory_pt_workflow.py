@@ -12,20 +12,5 @@ from __future__ import annotations
 def apply() -> None:
     from llamafactory.train.pt import workflow
 
-    upstream = workflow.CustomTrainer
-    if getattr(upstream, "_odb_factory", False):
-        return
-
-    from odb_factory.llamafactory.run import run_of
-    from odb_factory.llamafactory.trainer import ODBTrainerMixin
-
-    odb_trainer = type("ODBPretrainTrainer", (ODBTrainerMixin, upstream), {})
-
-    def CustomTrainer(*args, **kwargs):
-        run = run_of(kwargs.get("finetuning_args"))
-        if run is None:
-            return upstream(*args, **kwargs)
-        return odb_trainer(*args, odb_run=run, **kwargs)
-
-    CustomTrainer._odb_factory = True
-    workflow.CustomTrainer = CustomTrainer
+    from .llamafactory_trainer_name import replace_trainer_name
+    replace_trainer_name(workflow, "CustomTrainer", "ODBPretrainTrainer")

@@ -18,23 +18,11 @@ from __future__ import annotations
 def apply() -> None:
     from llamafactory.train.sft import workflow
 
-    upstream = workflow.CustomSeq2SeqTrainer
-    if getattr(upstream, "_odb_factory", False):
+    from odb_factory.llamafactory.trainer import ODB_INPUT_TOKENS
+
+    from .llamafactory_trainer_name import replace_trainer_name
+    if not replace_trainer_name(workflow, "CustomSeq2SeqTrainer", "ODBSeq2SeqTrainer"):
         return
-
-    from odb_factory.llamafactory.run import run_of
-    from odb_factory.llamafactory.trainer import ODB_INPUT_TOKENS, ODBTrainerMixin
-
-    odb_trainer = type("ODBSeq2SeqTrainer", (ODBTrainerMixin, upstream), {})
-
-    def CustomSeq2SeqTrainer(*args, **kwargs):
-        run = run_of(kwargs.get("finetuning_args"))
-        if run is None:
-            return upstream(*args, **kwargs)
-        return odb_trainer(*args, odb_run=run, **kwargs)
-
-    CustomSeq2SeqTrainer._odb_factory = True
-    workflow.CustomSeq2SeqTrainer = CustomSeq2SeqTrainer
 
     upstream_tps = workflow.calculate_tps
 

@@ -3,8 +3,6 @@ that each lands on its destination, in order, once, and that the byte counts are
 
 from __future__ import annotations
 
-import pickle
-
 import pytest
 
 from odb_factory.comm import SyncChannel

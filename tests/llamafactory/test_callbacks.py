@@ -36,9 +36,10 @@ def _world(tmp_path, epochs=1.0, audit="audit"):
     return loader, callback, control
 
 
-def _train(loader, callback, control, trainer_state, args, stop_after=None, save_at=None):
+def _train(loader, callback, control, trainer_state, args, stop_after=None, save_at=None, after_step=None):
     """HF's loop, as far as the callback sees it: an optimizer step every ACCUMULATION micro-steps
-    (and a checkpoint at step `save_at`)."""
+    (its save/evaluate flags cleared first, as HF clears them once acted on), `after_step()` after
+    each, and a checkpoint at step `save_at`."""
     callback.on_train_begin(args, trainer_state, control)
     micro = 0
     for _ in loader:
@@ -46,7 +47,10 @@ def _train(loader, callback, control, trainer_state, args, stop_after=None, save
         if micro % ACCUMULATION:
             continue
         trainer_state.global_step += 1
+        control.should_save = control.should_evaluate = False
         callback.on_step_end(args, trainer_state, control)
+        if after_step is not None:
+            after_step()
         if trainer_state.global_step == save_at:
             (Path(args.output_dir) / f"checkpoint-{save_at}").mkdir(parents=True)
             callback.on_save(args, trainer_state, control)
@@ -67,20 +71,9 @@ def test_the_epoch_follows_the_samples_and_the_step_bound_stays_ahead(tmp_path):
     args = SimpleNamespace(eval_strategy="steps", save_strategy="steps", eval_delay=0)
     try:
         loader.set_epoch(0)
-        callback.on_train_begin(args, state, control)
         epochs, bounds = [], []
-        micro = 0
-        for _ in loader:
-            micro += 1
-            if micro % ACCUMULATION:
-                continue
-            state.global_step += 1
-            control.should_save = control.should_evaluate = False
-            callback.on_step_end(args, state, control)
-            epochs.append(state.epoch)
-            bounds.append(state.max_steps)
-            if control.should_training_stop:
-                break
+        _train(loader, callback, control, state, args,
+               after_step=lambda: (epochs.append(state.epoch), bounds.append(state.max_steps)))
         assert epochs == sorted(epochs) and epochs[-1] == pytest.approx(1.0)
         assert all(bound >= step + 1 for step, bound in enumerate(bounds, 1) if epochs[step - 1] < 1.0)
         assert control.should_training_stop, "the data ran out: training must stop"
