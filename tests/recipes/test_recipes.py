@@ -250,7 +250,7 @@ def test_odb_keys_with_a_non_sft_stage_are_refused(lf, workspace, monkeypatch):
     monkeypatch.chdir(workspace)
     args, _ = cpu_parse_view(load_recipe(TINY_ODB))
     args["stage"] = "dpo"
-    with pytest.raises(ValueError, match=r"odb_\* options apply to stage \['sft'\].*'dpo'"):
+    with pytest.raises(ValueError, match=r"odb_enable: true applies to stage \['sft', 'pt'\]; this run has stage 'dpo'"):
         lf.get_train_args(args)
 
 
