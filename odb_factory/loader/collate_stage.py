@@ -29,6 +29,8 @@ class CollateJob(Dataset):
         self.collate_fn = collate_fn
 
     def __getitem__(self, plan: StepPlan) -> Tuple[StepPlan, Any]:
+        if plan.replayed:
+            return plan, None
         data = self.collate_fn([unpack(sample) for sample in plan.samples])
         plan.samples = []  # do not ship the samples back
         if get_worker_info() is not None:

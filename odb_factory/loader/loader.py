@@ -121,7 +121,7 @@ class ODBDataLoader:
         self._standard_steps = standard_steps or self._fixed_batch_steps
         self._optimizer_steps: Dict[int, int] = {}     # samples mode: epoch -> steps completed
         self._micro_in_step: Dict[int, int] = {}       # samples mode: epoch -> micro-steps since the last
-        self._replay = 0                               # samples mode: micro-steps to re-plan, not yield
+        self._replay = 0                               # resumed: micro-steps to plan again, not yield
         self._epoch = 0
         self._consumed: Dict[int, List[int]] = {}      # epoch -> indices trained on this rank
         self._consumed_global: Dict[int, int] = {}     # epoch -> samples trained by all ranks
@@ -172,9 +172,9 @@ class ODBDataLoader:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a state saved by state_dict() on this rank; the next iteration of that
-        epoch skips every index any rank already trained (join) or the trained count
-        (non-join); in samples mode it continues the fixed-batch run's steps from the micro-step
-        the state was saved after. Resuming with another world size is not supported."""
+        epoch continues the saved run from the micro-step the state was saved after, with the
+        same steps the uninterrupted run has (`_restore_epoch`). Resuming with another world
+        size is not supported."""
         if state.get("world_size") != self.world_size:
             raise ValueError(f"ODB state was saved with world size {state.get('world_size')}, "
                              f"this run has {self.world_size}")
@@ -223,48 +223,47 @@ class ODBDataLoader:
                     f"{ended(mine)}, rank {rank} left {ended(theirs)}. Every rank must iterate each "
                     "epoch to the same step (break on all ranks at the same step, or let it end)")
 
-    def _restore_epoch(self, epoch: int) -> tuple:
-        """(indices already trained by any rank, samples trained by all ranks) for epoch.
-        Without a restored state the epoch starts afresh, step count included."""
+    def _restore_epoch(self, epoch: int) -> None:
+        """Where the epoch's planning starts. Without a restored state the epoch starts
+        afresh, step count included.
+
+        A restored state continues the saved run exactly: its micro-steps are planned again,
+        with the same exchanges on every rank, but not collated or yielded (`self._replay`).
+        Groups mode replays the epoch from its start (a group depends on the window before it);
+        samples mode plans from the first untrained Standard step and replays the micro-steps of
+        that step already trained. Only the input pipeline runs again over the trained samples."""
         state, self._resume = self._resume, None
+        self._micro_in_step[epoch] = self._replay = 0
         if state is None or state["epoch"] != epoch:
             self._consumed[epoch] = []
             self._consumed_global[epoch] = 0
             self.metrics.epoch_steps[epoch] = 0
             self._optimizer_steps[epoch] = 0
-            self._micro_in_step[epoch] = self._replay = 0
-            return set(), 0
-        every = self.sync.all_gather(state["consumed"], "resume", epoch)
-        trained = set().union(*map(set, every))
+            return
         self._consumed[epoch] = list(state["consumed"])
         self._consumed_global[epoch] = state["consumed_global"]
         self._optimizer_steps[epoch] = state.get("optimizer_steps", 0)
-        # samples mode, saved between the micro-steps of an optimizer step: the step is planned
-        # again (the same micro-batches, on every rank) and its first micro-steps are not yielded
-        self._replay = state.get("micro_steps_in_step", 0)
+        if self.config.step_mode == "samples":
+            self._replay = state.get("micro_steps_in_step", 0)
+        else:
+            self._replay = state["steps"]
         self.metrics.epoch_steps[epoch] = state["steps"] - self._replay
-        self._micro_in_step[epoch] = 0
-        return trained, state["consumed_global"]
 
     def _iterate(self, epoch: int) -> Iterator[ODBBatch]:
         cfg = self.config
         if not self._checked:
             self._check_ranks_agree()
         self._check_epoch_start(epoch)
-        trained, trained_count = self._restore_epoch(epoch)
-        full_view = epoch_view(self.num_samples, self.world_size, self.rank, cfg.seed, epoch, cfg.shuffle)
-        view = [i for i in full_view if i not in trained]
+        self._restore_epoch(epoch)
+        view = epoch_view(self.num_samples, self.world_size, self.rank, cfg.seed, epoch, cfg.shuffle)
         quota, optimizer_steps = None, None
         if cfg.step_mode == "samples":
             optimizer_steps = self._optimizer_step_spec(epoch)
             order = [i for step in optimizer_steps.steps for i in step.indices]
         elif not cfg.join:
-            quota = (cfg.quota or self.num_samples) - trained_count
-            if quota <= 0:
-                return  # the epoch's quota was reached before the checkpoint
-            # untrained samples first, then repeats of the whole view: a quota above the
-            # dataset size still closes after any number of stops
-            order = cycling_view(full_view, cfg.seed, epoch, self.rank, start=view)
+            quota = cfg.quota or self.num_samples
+            # the view, then repeats of it: a quota above the dataset size still closes
+            order = cycling_view(view, cfg.seed, epoch, self.rank)
         else:
             order = view
         if self._sample_loader is None:
@@ -276,12 +275,13 @@ class ODBDataLoader:
         planner = None if optimizer_steps is not None else RankPlanner(
             Budget.from_config(cfg), cfg.buffer_size, store.stream(), rank=self.rank,
             over_budget=cfg.over_budget, quota=quota, shuffle_seed=f"{cfg.seed}:{epoch}")
-        first = full_view[0] if full_view else self.rank % self.num_samples
+        first = view[0] if view else self.rank % self.num_samples
         epoch_planner = EpochPlanner(planner, store, self.sync, epoch, cfg.gradient_accumulation_steps,
                                      filler=lambda: self.dataset[first],
                                      step_offset=self.metrics.epoch_steps.get(epoch, 0),
                                      pad_to_window=cfg.pad_epoch_to_accumulation,
-                                     rebalancer=self._rebalancer(), optimizer_steps=optimizer_steps)
+                                     rebalancer=self._rebalancer(), optimizer_steps=optimizer_steps,
+                                     replay=self._replay)
         thread = None
         if self._sample_loader is None and self._collate_loader is None:
             # no workers at all: plan in this thread, as torch loads with num_workers=0
@@ -313,8 +313,7 @@ class ODBDataLoader:
                     epoch_planner.leave(last_step)
                     raise error
                 last_step = plan.step
-                if self._replay:  # trained before the state was saved
-                    self._replay -= 1
+                if plan.replayed:  # trained before the state was saved
                     self.metrics.epoch_steps[epoch] += 1
                     self._micro_in_step[epoch] += 1
                     continue

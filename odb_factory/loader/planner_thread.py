@@ -50,6 +50,8 @@ class StepPlan:
     round_stats: Dict[str, float] = field(default_factory=dict)
     sample_weights: List[float] = field(default_factory=list)  # samples mode: Standard's loss weights
     step_end: bool = False        # the last micro-step of an optimizer step
+    replayed: bool = False        # trained before the resumed state was saved: planned again
+                                  # (the same exchanges on every rank), neither collated nor yielded
 
 
 class PlannerFailure:
@@ -98,7 +100,7 @@ class EpochPlanner:
     def __init__(self, planner: Optional[RankPlanner], store: SampleStore, sync: SyncChannel, epoch: int,
                  accumulation: int, filler: Callable[[], Any], step_offset: int = 0,
                  pad_to_window: bool = False, rebalancer: Optional[StepRebalancer] = None,
-                 optimizer_steps: Optional[OptimizerStepSpec] = None):
+                 optimizer_steps: Optional[OptimizerStepSpec] = None, replay: int = 0):
         self.planner = planner                  # groups mode (DGAP rounds)
         self.optimizer_steps = optimizer_steps  # samples mode
         self.store = store
@@ -109,6 +111,7 @@ class EpochPlanner:
         self.inline = False                              # run by inline_plans()
         self.fetch_filler = filler
         self.step = step_offset
+        self.replay_until = step_offset + replay         # steps before it are replayed
         self.pad_to_window = pad_to_window
         self.rebalancer = rebalancer
         self.filler: Optional[Any] = None
@@ -313,7 +316,9 @@ class EpochPlanner:
                 global_num_samples=slot.global_samples,
                 round_stats=round_stats,
                 sample_weights=[weights[s.uid] for s in slot.samples] if weights is not None else [],
-                step_end=position == len(window) - 1)
+                step_end=position == len(window) - 1, replayed=self.step < self.replay_until)
+            if plan.replayed:
+                plan.samples = []
             self.step += 1
             yield plan
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import Iterator, List, Optional
+from typing import Iterator, List
 
 
 def epoch_view(num_samples: int, world_size: int, rank: int, seed: int, epoch: int,
@@ -20,14 +20,12 @@ def epoch_view(num_samples: int, world_size: int, rank: int, seed: int, epoch: i
     return order[rank::world_size]
 
 
-def cycling_view(view: List[int], seed: int, epoch: int, rank: int,
-                 start: Optional[List[int]] = None) -> Iterator[int]:
-    """Non-join stream: `start` (default: the view; a resumed epoch passes what is left of
-    it), then reshuffled repeats of the view, forever (empty if the view is)."""
+def cycling_view(view: List[int], seed: int, epoch: int, rank: int) -> Iterator[int]:
+    """Non-join stream: the view, then reshuffled repeats of it, forever (empty if the view is)."""
     if not view:
         return iter(())
     def cycles():
-        yield from (view if start is None else start)
+        yield from view
         for cycle in itertools.count(1):  # pragma: no mutate, the cycle number only labels a seed
             again = list(view)
             random.Random(f"odb-cycle:{seed}:{epoch}:{rank}:{cycle}").shuffle(again)

@@ -49,9 +49,10 @@ def test_one_process_two_epochs_schedule_coverage_and_eval(tmp_path, tiny_model,
 
 
 def _resume_in_the_second_epoch(tmp_path, tiny_model, demo_data, out, rows):
-    """Resuming mid-way through epoch 2 trains the rest of epoch 2, each sample once, and stops.
-    HF starts its epoch loop at global_step // (its per-epoch step bound), an earlier epoch
-    than the loader's: the loader must not restart that epoch."""
+    """Resuming mid-way through epoch 2 continues the uninterrupted run: the same steps (each
+    sample once), the same logged losses, learning rates and gradient norms, and the final
+    checkpoint. HF starts its epoch loop at global_step // (its per-epoch step bound), an
+    earlier epoch than the loader's: the loader must not restart that epoch."""
     second = [r for r in rows if r["epoch"] == 1]
     step = second[len(second) // 2 - 1]["step"]
     checkpoint = out / f"checkpoint-{step}"
@@ -60,13 +61,24 @@ def _resume_in_the_second_epoch(tmp_path, tiny_model, demo_data, out, rows):
     audit = tmp_path / "resumed_audit"
     config = base_yaml(tiny_model, demo_data, tmp_path / "resumed", odb_audit_dir=str(audit),
                        resume_from_checkpoint=str(checkpoint), num_train_epochs=2,
-                       gradient_accumulation_steps=2, warmup_ratio=0.1, val_size=0.25, **GROUPS_ODB)
+                       gradient_accumulation_steps=2, warmup_ratio=0.1, val_size=0.25,
+                       save_strategy="steps", save_steps=1000, **GROUPS_ODB)
     train(config)
     resumed = ledger(audit)
     assert resumed and {r["epoch"] for r in resumed} == {1}
     assert resumed[0]["step"] == step + 1
-    before = [r for r in second if r["step"] <= step]
-    assert trained_indices(before + resumed) == list(range(NUM_SAMPLES - NUM_SAMPLES // 4))
+    after = [r for r in rows if r["step"] > step]
+    assert [(r["step"], r["indices"]) for r in resumed] == [(r["step"], r["indices"]) for r in after]
+
+    def logged(out_dir):
+        return {h["step"]: h for h in log_history(out_dir) if "loss" in h and h["step"] > step}
+    uninterrupted, continued = logged(out), logged(tmp_path / "resumed")
+    assert sorted(continued) == sorted(uninterrupted)
+    for number, entry in continued.items():
+        for key in ("loss", "learning_rate", "grad_norm"):
+            assert entry[key] == pytest.approx(uninterrupted[number][key], rel=1e-6, abs=1e-12), (number, key)
+    last = max(r["step"] for r in rows)
+    assert (tmp_path / "resumed" / f"checkpoint-{last}" / "odb_state_rank0.json").exists()
 
 
 @pytest.mark.parametrize("join", [True, False])
