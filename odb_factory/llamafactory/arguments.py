@@ -11,8 +11,13 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from ..config import LF_PREFIX, ODBConfig, lf_defaults, lf_keys, option, typed_dataclass, unknown_key_message
 from ..versions import ENCODER_STAGE_TRANSFORMERS_RANGES, FLASH_ATTENTION_BROKEN, describe, encoder_stage_supported
 from .padding_free import padding_free_refusal
+from .step_modes import step_mode
 
-SUPPORTED_STAGES = ("sft", "pt")
+SUPPORTED_STAGES = ("sft", "pt", "dpo")
+# LLaMA-Factory's data stage of each training stage (dpo reads the pairs of data stage rm)
+DATA_STAGES = MappingProxyType({"sft": "sft", "pt": "pt", "dpo": "rm"})
+# stages whose samples are chosen/rejected pairs, laid out as two padded rows each
+PAIRWISE_STAGES = ("dpo",)
 PADDING_FREE_CHOICES = ("auto", "true", "false")
 PACKED_ATTENTIONS = ("segments", "mask")
 BALANCE_STAGES = ("llm", "vision", "audio")
@@ -22,7 +27,7 @@ BALANCE_STAGES = ("llm", "vision", "audio")
 class AdapterOptions:
     """Options of the LLaMA-Factory adapter itself (YAML key = `odb_` + field name)."""
 
-    enable: bool = option(False, "Turn Online Dynamic Batching on (stages `sft` and `pt`).", agree=False)
+    enable: bool = option(False, "Turn Online Dynamic Batching on (stages `sft`, `pt` and `dpo`).", agree=False)
     lazy_preprocess: bool = option(
         True, "Run LLaMA-Factory's template, tokenisation and vision-token expansion per sample "
         "in the DataLoader workers instead of an upfront `datasets.map`.", agree=False)
@@ -84,6 +89,7 @@ class ODBRunOptions:
     # `odb_padding_free` decided (None: `auto`, until the model is known) and why
     padding_free: Optional[bool] = None
     padding_free_reason: str = ""
+    pairwise: bool = False         # every sample is a chosen/rejected pair (stage dpo)
 
     def decide_padding_free(self, model_type: Optional[str], flash_attention: bool) -> bool:
         """Settle `odb_padding_free: auto` for a model of this type (once; an explicit value or
@@ -203,6 +209,17 @@ def stage_arguments(raw: Mapping[str, Any]) -> Dict[str, Any]:
     return dict(raw)
 
 
+def settle_stage(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
+    """What the stage decides: stage dpo's samples are pairs, in padded rows (LLaMA-Factory's
+    pairwise collator and DPO loss read a batch as its chosen rows, then its rejected rows)."""
+    if raw.get("stage", "sft") in PAIRWISE_STAGES:
+        odb.pairwise = True
+        if odb.padding_free is None:
+            odb.padding_free = False
+            odb.padding_free_reason = (f"stage {raw['stage']}: a batch is its chosen rows, then its rejected "
+                                       "rows, one per pair")
+
+
 def check_compatible(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
     """Reject settings ODB cannot honour, with the reason. Works on the raw YAML keys so it
     runs before LLaMA-Factory builds TrainingArguments (and with it the process group)."""
@@ -211,8 +228,17 @@ def check_compatible(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
     stage = raw.get("stage", "sft")
     if stage not in SUPPORTED_STAGES:
         raise ValueError(f"odb_enable: true applies to stage {list(SUPPORTED_STAGES)}; this run has stage "
-                         f"'{stage}'. Set odb_enable: false (or remove the odb_* keys), or use stage: sft or pt")
+                         f"'{stage}'. Set odb_enable: false (or remove the odb_* keys), or use stage: sft, pt "
+                         "or dpo")
     problems = []
+    if stage in PAIRWISE_STAGES:
+        refusal = step_mode(odb.config.step_mode).pairs_refusal()
+        if refusal is not None:
+            problems.append(f"odb_step: {odb.config.step_mode}: stage {stage} trains the fixed-batch run's "
+                            f"steps (odb_step: samples); {refusal}")
+        if odb.adapter.padding_free == "true":
+            problems.append(f"odb_padding_free: true: stage {stage} reads a batch as its chosen rows, then "
+                            "its rejected rows; set odb_padding_free: auto or false")
     if raw.get("packing") or raw.get("neat_packing"):
         problems.append("packing/neat_packing: ODB forms token-budgeted groups itself (packing would "
                         "re-batch its groups, and packing has open bugs with Qwen3-VL); set packing: false, "

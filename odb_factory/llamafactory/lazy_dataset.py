@@ -13,11 +13,20 @@ from typing import Any, Dict, List
 REQUIRED_COLUMNS = ("_prompt", "_response")
 
 
+# a processed pair's sides (LLaMA-Factory's PairwiseDatasetProcessor, data stage rm): the key
+# prefix of each side's input_ids and labels, and its response among the row's `_response`
+PAIR_SIDES = (("chosen_", 0), ("rejected_", 1))
+
+
 def trainable_row(prompt: List[Any], response: List[Any], stage: str) -> bool:
-    """Whether LLaMA-Factory's processor for `stage` keeps a converted row: sft, an odd number
-    of prompt turns and exactly one response; pt, a document (the first prompt turn's text)."""
+    """Whether LLaMA-Factory's processor for data stage `stage` keeps a converted row: sft, an
+    odd number of prompt turns and exactly one response; pt, a document (the first prompt
+    turn's text); rm (the pairs of stage dpo), an odd number of prompt turns and a chosen and a
+    rejected response."""
     if stage == "pt":
         return bool(prompt) and bool(prompt[0].get("content"))
+    if stage == "rm":
+        return len(prompt) % 2 == 1 and len(response) >= 2
     return len(prompt) % 2 == 1 and len(response) == 1
 
 
@@ -30,8 +39,9 @@ class LazySupervisedDataset:
     """dataset[i] -> LLaMA-Factory's processed sample for converted row `rows[i]`.
 
     `converted` is the format-aligned dataset (`_prompt`, `_response`, `_system`, `_tools`,
-    `_images`, `_videos`, `_audios`); `processor` is LLaMA-Factory's processor of `stage`
-    (SupervisedDatasetProcessor for sft, PretrainDatasetProcessor without packing for pt). Rows
+    `_images`, `_videos`, `_audios`); `processor` is LLaMA-Factory's processor of data stage
+    `stage` (SupervisedDatasetProcessor for sft, PretrainDatasetProcessor without packing for
+    pt, PairwiseDatasetProcessor for rm: a chosen/rejected pair per sample, stage dpo). Rows
     LLaMA-Factory would drop as malformed (`trainable_row`) are left out up front, from the
     cheap format columns only.
     """
@@ -45,6 +55,7 @@ class LazySupervisedDataset:
                                 if trainable_row(p, r, stage)]
         self.converted = converted
         self.processor = processor
+        self.pairwise = stage == "rm"
         self.column_names = list(converted.column_names)
 
     def __len__(self) -> int:
@@ -55,13 +66,19 @@ class LazySupervisedDataset:
             raise IndexError(index)
         row = self.converted[self.rows[index]]
         out = self.processor.preprocess_dataset({k: [v] for k, v in row.items()})
-        if not out["input_ids"]:
+        if not next(iter(out.values()), None):
             raise ValueError(f"LLaMA-Factory's preprocessing dropped training row {self.rows[index]}")
         sample = {k: v[0] for k, v in out.items()}
-        self._check_vision_tokens(self.rows[index], row, sample["input_ids"])
+        if self.pairwise:
+            for prefix, response in PAIR_SIDES:
+                self._check_vision_tokens(self.rows[index], row, sample[prefix + "input_ids"],
+                                          row["_prompt"] + [row["_response"][response]])
+        else:
+            self._check_vision_tokens(self.rows[index], row, sample["input_ids"], row["_prompt"] + row["_response"])
         return sample
 
-    def _check_vision_tokens(self, row_index: int, row: Dict[str, Any], input_ids: List[int]) -> None:
+    def _check_vision_tokens(self, row_index: int, row: Dict[str, Any], input_ids: List[int],
+                             messages: List[Dict[str, Any]]) -> None:
         """Fail, naming the row, when truncation kept only part of its image, video or audio
         tokens.
 
@@ -74,8 +91,7 @@ class LazySupervisedDataset:
         if len(input_ids) < cutoff or not (images or videos or audios):
             return
         plugin, tokenizer = self.processor.template.mm_plugin, self.processor.tokenizer
-        messages = plugin.process_messages(deepcopy(row["_prompt"] + row["_response"]), images, videos,
-                                           audios, self.processor.processor)
+        messages = plugin.process_messages(deepcopy(messages), images, videos, audios, self.processor.processor)
         for token, what, key in ((plugin.image_token, "image", "lower image_max_pixels"),
                                  (plugin.video_token, "video", "lower video_max_pixels"),
                                  (getattr(plugin, "audio_token", None), "audio", "shorten its audio")):

@@ -108,6 +108,10 @@ class StepMode:
         """The YAML keys LLaMA-Factory builds its TrainingArguments from."""
         return dict(raw)
 
+    def pairs_refusal(self) -> Optional[str]:
+        """Why this mode cannot train preference pairs (stage dpo; None: it can)."""
+        return None
+
     # ------------------------------------------------------------------ trainer set-up
     def loss_scaling(self, chosen: str, fixed_batch_loss: str) -> str:
         """The loss the run computes, from `odb_loss_scaling` and the loss the fixed-batch
@@ -232,18 +236,21 @@ class SamplesMode(StepMode):
 
     @staticmethod
     def loss_weights(step: ODBBatch, token_sample: Optional[torch.Tensor]) -> torch.Tensor:
-        """Each sample's loss weight, per row (padded) or per token (padding-free: a row holds
-        several samples); zeros for an IDLE step."""
+        """Each sample's loss weight, per sample (padded) or per token (padding-free: a row
+        holds several samples); zeros for an IDLE step."""
         if token_sample is not None:
             weights = token_weights(step.sample_weights, token_sample)
             return weights * 0.0 if step.is_idle else weights
-        rows = step.data["input_ids"].shape[0]
-        return torch.tensor(step.sample_weights if not step.is_idle else [0.0] * rows, dtype=torch.float32)
+        # (an IDLE step trains one filler sample)
+        return torch.tensor(step.sample_weights if not step.is_idle else [0.0], dtype=torch.float32)
 
 
 class GroupsMode(StepMode):
     name = "groups"
     hf_counts_steps = False
+
+    def pairs_refusal(self) -> Optional[str]:
+        return "a DPO loss is a mean over pairs, which a token-budgeted window of groups does not weigh"
 
     def loss_scaling(self, chosen: str, fixed_batch_loss: str) -> str:
         return "exact" if chosen == "standard" else chosen

@@ -162,13 +162,17 @@ class ODBTrainerMixin:
             tokenizer = getattr(self.data_collator, "tokenizer", None)
             collate = PackedCollate(collate, odb.adapter.padding_free_row_tokens,
                                     getattr(tokenizer, "pad_token_id", None) or 0)
-        loader = ODBDataLoader(self.train_dataset, cfg, collate_fn=collate,
+        loader = ODBDataLoader(self.train_dataset, cfg, collate_fn=collate, cost_fn=self._odb_cost_fn(cfg),
                                standard_steps=self._odb_mode.standard_steps(self))
         epoch_samples, steps_per_epoch = self._odb_mode.epoch_extent(self, cfg, len(self.train_dataset))
         epochs = args.num_train_epochs if args.max_steps <= 0 else 1
         self.odb_run.progress.start(int(math.ceil(epoch_samples * epochs)))  # a resume restores it later
         return TrainLoader(loader, self._odb_mode, self.odb_run.progress, lambda: getattr(self, "control", None),
                            epoch_samples, steps_per_epoch)
+
+    def _odb_cost_fn(self, config: Any) -> Optional[Any]:
+        """The samples' cost function (None: the engine's DefaultCost for `config`)."""
+        return None
 
     def _odb_standard_steps(self, epoch: int) -> List[StandardStep]:
         """This rank's optimizer steps of the fixed-batch run, from the Trainer's own sampler

@@ -51,12 +51,13 @@ def apply() -> None:
     if reason is not None:
         logger.warning("odb-factory patches not applied: %s", reason)
         return
-    from . import (llamafactory_audio_reading, llamafactory_data_loader, llamafactory_pt_workflow,
-                   llamafactory_sft_workflow)
+    from . import (llamafactory_audio_reading, llamafactory_data_loader, llamafactory_dpo_trainer,
+                   llamafactory_pt_workflow, llamafactory_sft_workflow)
     llamafactory_data_loader.apply()
     llamafactory_audio_reading.apply()
     llamafactory_sft_workflow.apply()
     llamafactory_pt_workflow.apply()
+    llamafactory_dpo_trainer.apply()
     cpu_resume = cpu_resume_unsupported_reason()
     if cpu_resume is not None:
         logger.warning("odb-factory's CPU-resume fix (torch_serialization) is not installed, so "

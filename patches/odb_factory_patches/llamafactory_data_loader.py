@@ -1,7 +1,7 @@
 """Target: llamafactory.data.loader._get_preprocessed_dataset (written for LLaMA-Factory 0.9.5).
 
-With ODB and odb_lazy_preprocess (the default), the sft or pt training split is not mapped up
-front: it becomes a LazySupervisedDataset that runs the same dataset processor per
+With ODB and odb_lazy_preprocess (the default), the training split of stage sft, pt or dpo
+(data stage rm: chosen/rejected pairs) is not mapped up front: it becomes a LazySupervisedDataset that runs the same dataset processor per
 sample in the DataLoader workers, after a pre-flight check of its media files
 (odb_factory/llamafactory/preflight.py) and of rows whose vision tokens cutoff_len would cut
 (odb_factory/llamafactory/cutoff_preflight.py). Evaluation splits and every other case run upstream.
@@ -26,8 +26,8 @@ def apply() -> None:
         from odb_factory.llamafactory.lazy_dataset import LazySupervisedDataset
         from odb_factory.llamafactory.run import run_of
         run = run_of(data_args)
-        from odb_factory.llamafactory.arguments import SUPPORTED_STAGES
-        if (run is None or not run.options.adapter.lazy_preprocess or is_eval or stage not in SUPPORTED_STAGES
+        from odb_factory.llamafactory.arguments import DATA_STAGES
+        if (run is None or not run.options.adapter.lazy_preprocess or is_eval or stage not in DATA_STAGES.values()
                 or dataset is None or data_args.streaming):
             return original(dataset, data_args, training_args, stage, template, tokenizer,
                             processor, is_eval)

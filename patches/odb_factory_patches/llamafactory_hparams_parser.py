@@ -35,6 +35,7 @@ def apply(unsupported: str | None = None) -> None:
         run = ODBRun(arguments.parse_odb_arguments(ours))
         arguments.check_compatible(run.options, rest)
         if run.enabled:
+            arguments.settle_stage(run.options, rest)
             arguments.check_paths(rest)
             arguments.check_model(run.options, rest)
             rest = arguments.stage_arguments(run.step_mode.lf_arguments(run.options, rest))

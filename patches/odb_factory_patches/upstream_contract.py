@@ -413,6 +413,29 @@ CONTRACT: tuple = (
           "patches/odb_factory_patches/llamafactory_pt_workflow.py",
           "builds its trainer through the module-level name CustomTrainer the patch replaces, with the "
           "finetuning arguments as a keyword", uses=("CustomTrainer", "finetuning_args")),
+    Entry("llamafactory", "llamafactory.train.dpo.workflow:run_dpo",
+          "patches/odb_factory_patches/llamafactory_dpo_trainer.py",
+          "imports CustomDPOTrainer from llamafactory.train.dpo.trainer when it builds the trainer (the name the "
+          "patch replaces), with the finetuning arguments as a keyword, and reads its pairs as data stage rm",
+          uses=("CustomDPOTrainer", "finetuning_args", "rm")),
+    Entry("llamafactory", "llamafactory.train.dpo.trainer:CustomDPOTrainer.get_batch_loss_metrics",
+          "odb_factory/llamafactory/pairwise.py",
+          "returns the mean of the per-pair losses compute_preference_loss returned (the SFT term added in "
+          "place); ODB weighs those per-pair losses instead, and refuses a mean of anything else",
+          params=("self", "model", "batch", "train_eval"), uses=("compute_preference_loss", "mean")),
+    Entry("llamafactory", "llamafactory.train.dpo.trainer:CustomDPOTrainer.compute_preference_loss",
+          "odb_factory/llamafactory/pairwise.py", "returns (per-pair losses, chosen rewards, rejected rewards)",
+          params=("self", "policy_chosen_logps", "policy_rejected_logps", "reference_chosen_logps",
+                  "reference_rejected_logps")),
+    Entry("llamafactory", "llamafactory.data.processor.pairwise:PairwiseDatasetProcessor.preprocess_dataset",
+          "odb_factory/llamafactory/lazy_dataset.py",
+          "stage dpo: one pair per row (chosen_/rejected_ input_ids and labels), run per sample; the rows it "
+          "drops (an even prompt, fewer than two responses) are filtered up front",
+          params=("self", "examples"), uses=("chosen_input_ids", "rejected_labels", "_response")),
+    Entry("llamafactory", "llamafactory.data.collator:PairwiseDataCollatorWithPadding.__call__",
+          "odb_factory/llamafactory/pairwise.py",
+          "lays n pairs out as 2n padded rows, chosen then rejected (what PairCost prices)",
+          params=("self", "features"), uses=("chosen", "rejected")),
     Entry("llamafactory", "llamafactory.data.processor.pretrain:PretrainDatasetProcessor.preprocess_dataset",
           "odb_factory/llamafactory/lazy_dataset.py",
           "stage pt, packing false: one document per row, so the lazy dataset runs it per sample",
@@ -520,7 +543,7 @@ def _resolve(target: str) -> Any:
     module_name, _, qualname = target.partition(":")
     obj = importlib.import_module(module_name)
     for part in qualname.split("."):
-        obj = getattr(obj, part)
+        obj = getattr(_unpatched(obj), part)  # (through a class name our patch replaced)
     return obj
 
 

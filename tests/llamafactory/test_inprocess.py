@@ -131,7 +131,7 @@ def test_lazy_equals_eager_on_real_demo_data(lf, tmp_path, tiny_model):
     ({"odb_token_budget": "4k"}, "odb_token_budget: '4k' is not an integer"),
     ({"odb_enable": "ture"}, "odb_enable: 'ture' is not a boolean"),
     ({"odb_balance_mode": "greedy"}, "(YAML key odb_balance_mode) must be one of ['padded', 'lpt', 'min_move'], got 'greedy'"),
-    ({"stage": "dpo"}, "odb_enable: true applies to stage ['sft', 'pt']; this run has stage 'dpo'"),
+    ({"stage": "kto"}, "odb_enable: true applies to stage ['sft', 'pt', 'dpo']; this run has stage 'kto'"),
     ({"packing": True}, "packing/neat_packing"),
     ({"use_dft_loss": True}, "use_dft_loss"),
     ({"streaming": True}, "streaming: ODB needs a map-style dataset"),

@@ -67,7 +67,7 @@ def test_pt_refuses_packing_and_other_stages_keep_their_refusal(tmp_path, text_m
     assert parsed[1].packing is False   # documents stay whole: ODB batches them by length
     assert get_train_args(_yaml(text_model, pt_data, tmp_path / "o"))[1].packing is True  # upstream's default
     rm = base_yaml(text_model, pt_data, tmp_path / "o", stage="rm", dataset="docs", template="qwen3_nothink")
-    with pytest.raises(ValueError, match=r"odb_enable: true applies to stage \['sft', 'pt'\]; this run has stage 'rm'"):
+    with pytest.raises(ValueError, match=r"odb_enable: true applies to stage \['sft', 'pt', 'dpo'\]; this run has stage 'rm'"):
         get_train_args(dict(rm, odb_enable=True))
     from odb_factory.llamafactory.run import run_of
     assert run_of(get_train_args(dict(rm, odb_enable=False))[1]) is None  # accepted: upstream runs it

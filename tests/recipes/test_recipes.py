@@ -249,8 +249,8 @@ def test_misspelt_odb_key_names_the_right_one(lf, workspace, monkeypatch):
 def test_odb_keys_with_a_non_sft_stage_are_refused(lf, workspace, monkeypatch):
     monkeypatch.chdir(workspace)
     args, _ = cpu_parse_view(load_recipe(TINY_ODB))
-    args["stage"] = "dpo"
-    with pytest.raises(ValueError, match=r"odb_enable: true applies to stage \['sft', 'pt'\]; this run has stage 'dpo'"):
+    args["stage"] = "kto"
+    with pytest.raises(ValueError, match=r"odb_enable: true applies to stage \['sft', 'pt', 'dpo'\]; this run has stage 'kto'"):
         lf.get_train_args(args)
 
 

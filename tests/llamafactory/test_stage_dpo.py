@@ -1,0 +1,114 @@
+"""Stage dpo with ODB through the stock CLI, 2 CPU ranks: each chosen/rejected pair is one
+sample, kept in one micro-batch and costed as the two padded rows it becomes, and
+`odb_step: samples` trains the fixed-batch run's model: the same optimizer steps, losses,
+learning rates and eval loss."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import lf_runs
+from tests.helpers.lf_runs import base_yaml, ledger, log_history, train
+
+pytest.importorskip("llamafactory")
+
+REL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def pair_data(tmp_path_factory):
+    """Preference pairs over the shared alpaca demo file, read in place: the answer is chosen,
+    the instruction echoed back is rejected."""
+    if not lf_runs.SHARED_DEMO.exists():
+        pytest.skip("shared LLaMA-Factory demo data is absent")
+    data = tmp_path_factory.mktemp("pair_data")
+    (data / "dataset_info.json").write_text(json.dumps({"pairs": {
+        "file_name": str(lf_runs.SHARED_DEMO / "alpaca_en_demo.json"), "ranking": True,
+        "columns": {"prompt": "instruction", "query": "input", "chosen": "output", "rejected": "instruction"}}}))
+    return data
+
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory):
+    from odb_factory.demo.tiny_qwen3 import build_tiny_qwen3
+    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny_qwen3") / "model", seed=0)
+
+
+def _yaml(model, data, out, **extra):
+    return base_yaml(model, data, out, stage="dpo", dataset="pairs", template="qwen3_nothink", cutoff_len=256,
+                     max_samples=128, per_device_train_batch_size=2, gradient_accumulation_steps=4, val_size=0.1,
+                     per_device_eval_batch_size=4, eval_strategy="no", do_eval=True, learning_rate=1e-3,
+                     warmup_ratio=0.1, max_grad_norm=1.0, pref_beta=0.1, seed=3, **extra)
+
+
+@pytest.mark.slow
+def test_dpo_samples_mode_trains_the_standard_model(tmp_path, text_model, pair_data):
+    std, odb, audit = tmp_path / "standard", tmp_path / "odb", tmp_path / "audit"
+    train(_yaml(text_model, pair_data, std), nproc=2)
+    train(_yaml(text_model, pair_data, odb, odb_enable=True, odb_token_budget=2048, odb_audit_dir=str(audit)),
+          nproc=2)
+    std_steps = [h for h in log_history(std) if "loss" in h]
+    odb_steps = [h for h in log_history(odb) if "loss" in h]
+    assert [h["step"] for h in odb_steps] == [h["step"] for h in std_steps] and len(std_steps) > 5
+    for a, b in zip(std_steps, odb_steps):
+        assert b["loss"] == pytest.approx(a["loss"], rel=REL), (a["step"], a["loss"], b["loss"])
+        assert b["learning_rate"] == pytest.approx(a["learning_rate"], rel=1e-9)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    std_eval, odb_eval = (json.loads((out / "eval_results.json").read_text())["eval_loss"] for out in (std, odb))
+    assert odb_eval == pytest.approx(std_eval, rel=REL)
+    rows = ledger(audit)
+    assert any(r["micro_steps"] < 4 for r in rows), "no pairs were grouped"
+    trained = {i for r in rows for i in r["indices"]}  # (the last global batch wraps around, as Standard's)
+    assert trained == set(range(max(trained) + 1)) and max(trained) > 100
+
+
+def test_a_pair_costs_the_rows_the_collator_builds(text_model, pair_data, tmp_path):
+    """n pairs grouped under the budget cost exactly the tokens of the batch LLaMA-Factory's
+    pairwise collator builds of them (2n rows × the longest row, padded to its multiple)."""
+    import odb_factory_patches
+    from llamafactory.data import PairwiseDataCollatorWithPadding, get_dataset, get_template_and_fix_tokenizer
+    from llamafactory.hparams import get_train_args
+    from llamafactory.model import load_tokenizer
+
+    from odb_factory.config import ODBConfig
+    from odb_factory.cost import DefaultCost
+    from odb_factory.llamafactory.pairwise import PairCost
+    from odb_factory.llamafactory.train_loader import LFCollate
+    from odb_factory.planning.grouping import Budget, PlannedSample
+    odb_factory_patches.apply()
+    model_args, data_args, training_args, finetuning_args, _ = get_train_args(
+        _yaml(text_model, pair_data, tmp_path / "o", odb_enable=True))
+    tokenizer_module = load_tokenizer(model_args)
+    template = get_template_and_fix_tokenizer(tokenizer_module["tokenizer"], data_args)
+    pairs = get_dataset(template, model_args, data_args, training_args, stage="rm", **tokenizer_module)["train_dataset"]
+    collate = LFCollate(PairwiseDataCollatorWithPadding(template=template, model=None, pad_to_multiple_of=8,
+                                                        **tokenizer_module))
+    cost = PairCost(DefaultCost.from_config(ODBConfig()), pad_to_multiple_of=8)
+    budget = Budget(4096, pad_to_multiple_of=8)
+    for start, n in ((0, 1), (1, 3), (4, 5), (9, 8)):
+        group = [PlannedSample(i, i, cost(pairs[i])) for i in range(start, start + n)]
+        batch = collate([pairs[i] for i in range(start, start + n)])
+        assert budget.group_cost(group) == batch["input_ids"].numel(), (start, n)
+        assert batch["input_ids"].shape[0] == 2 * n
+        assert all(s.cost.label_tokens == 1 for s in group)
+
+
+def test_dpo_refuses_groups_mode_and_padding_free_and_other_stages_keep_their_refusal(tmp_path, text_model,
+                                                                                     pair_data):
+    import odb_factory_patches
+    from llamafactory.hparams import get_train_args
+
+    from odb_factory.llamafactory.run import run_of
+    odb_factory_patches.apply()
+    with pytest.raises(ValueError, match="odb_step: groups: stage dpo trains the fixed-batch run's steps"):
+        get_train_args(_yaml(text_model, pair_data, tmp_path / "o", odb_enable=True, odb_step="groups"))
+    with pytest.raises(ValueError, match="odb_padding_free: true: stage dpo reads a batch as its chosen rows"):
+        get_train_args(_yaml(text_model, pair_data, tmp_path / "o", odb_enable=True, odb_padding_free=True))
+    run = run_of(get_train_args(_yaml(text_model, pair_data, tmp_path / "o", odb_enable=True))[1])
+    assert run.options.pairwise and run.options.padding_free is False
+    assert "stage dpo" in run.options.padding_free_reason
+    kto = base_yaml(text_model, pair_data, tmp_path / "o", stage="kto", dataset="pairs", template="qwen3_nothink")
+    with pytest.raises(ValueError, match=r"applies to stage \['sft', 'pt', 'dpo'\]; this run has stage 'kto'"):
+        get_train_args(dict(kto, odb_enable=True))
