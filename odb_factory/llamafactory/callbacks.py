@@ -26,8 +26,10 @@ def state_path(checkpoint_dir: str, rank: int) -> Path:
 
 class ODBCallback(TrainerCallback):
     def __init__(self, train_loader_of: Callable[[], Any], progress: Any, rank: int, audit_dir: Optional[str],
-                 row_of: Callable[[int], int], max_steps_from_user: bool, num_train_epochs: float):
+                 row_of: Callable[[int], int], max_steps_from_user: bool, num_train_epochs: float,
+                 progress_bar_of: Callable[[], Any] = lambda: None):
         self.train_loader_of = train_loader_of
+        self.progress_bar_of = progress_bar_of   # HF's training progress bar (None: not shown here)
         self.progress = progress   # the run's SampleProgress (ODBRun.progress)
         self.rank = rank
         self.ledger = AuditLedger(audit_dir, rank) if audit_dir else None
@@ -71,7 +73,16 @@ class ODBCallback(TrainerCallback):
                 # HF stopped at its step estimate, which ODB's variable batches overrun; a stop
                 # asked for by another callback (LLaMA-Board's abort, a user's) is kept
                 control.should_training_stop = False
+            self._show_total(trainer_state.max_steps)
         return control
+
+    def _show_total(self, steps: int) -> None:
+        """HF's progress bar took its total from the first step estimate; it follows the
+        estimate, and ends at the real count."""
+        bar = self.progress_bar_of()
+        if bar is not None and bar.total != steps:
+            bar.total = steps
+            bar.refresh()
 
     @staticmethod
     def _last_step(args, trainer_state, control) -> None:

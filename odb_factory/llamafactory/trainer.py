@@ -69,7 +69,8 @@ class ODBTrainerMixin:
         self._odb_callback = ODBCallback(lambda: self._odb_train_loader, odb_run.progress, self.args.process_index,
                                          self._odb.adapter.audit_dir, row_of,
                                          max_steps_from_user=self.args.max_steps > 0 or self._odb_mode.hf_counts_steps,
-                                         num_train_epochs=self.args.num_train_epochs)
+                                         num_train_epochs=self.args.num_train_epochs,
+                                         progress_bar_of=self._odb_progress_bar)
         self.add_callback(self._odb_callback)
         model = self.accelerator.unwrap_model(self.model) if self.model is not None else None
         refusal = model_refusal(self._odb, getattr(getattr(model, "config", None), "model_type", None))
@@ -80,6 +81,14 @@ class ODBTrainerMixin:
             self._odb_callback.encoder_stages.balancers = self._odb_balance_encoder_stages()
         self._odb_mode.describe(self.args.per_device_train_batch_size, self._odb_mode.engine_accumulation(
             self._odb.config, self.args.gradient_accumulation_steps))
+
+    def _odb_progress_bar(self) -> Any:
+        """HF's training progress bar (ProgressCallback.training_bar; None where not shown)."""
+        from transformers.trainer_callback import ProgressCallback
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, ProgressCallback):
+                return getattr(callback, "training_bar", None)
+        return None
 
     def _odb_choose_padding_free(self, model: Any) -> Optional[str]:
         """Settle `odb_padding_free` (auto: by the model) and switch the model's decoder to the

@@ -316,6 +316,9 @@ CONTRACT: tuple = (
           "overridden: epochs and steps from the ODB loader's bound (7-tuple with epoch_based and "
           "len_dataloader)", params=("self", "args", "dataloader", "total_train_batch_size"),
           versions=_TF457),
+    Entry("transformers", "transformers.trainer_callback:ProgressCallback.on_train_begin", _TRAINER,
+          "keeps its training bar, a tqdm of total max_steps, as training_bar; groups mode moves that total "
+          "with its step estimate", uses=("training_bar", "max_steps")),
     Entry("transformers", "transformers.trainer:Trainer.train", _TRAINER,
           "overridden to learn the checkpoint a run resumes from (on_train_begin restores ODB's data "
           "position from it)", params=("self", "resume_from_checkpoint", "trial", "ignore_keys_for_eval"),

@@ -89,6 +89,32 @@ def test_the_epoch_follows_the_samples_and_the_step_bound_stays_ahead(tmp_path):
         loader.loader.close()
 
 
+def test_the_progress_bar_follows_the_estimate_and_ends_at_the_real_count(tmp_path):
+    """HF's bar takes its total from the first estimate (here 3, below the real count)."""
+    import io
+    from types import SimpleNamespace
+
+    from tqdm import tqdm
+    loader, callback, control = _world(tmp_path, audit=False)
+    bar = tqdm(total=3, file=io.StringIO())
+    callback.progress_bar_of = lambda: bar
+    state = TrainerState(max_steps=3, eval_steps=1000)
+    totals = []
+
+    def after_step():
+        bar.update(state.global_step - bar.n)  # as HF's ProgressCallback does, before ODB's callback
+        totals.append((bar.total, state.max_steps))
+    try:
+        loader.set_epoch(0)
+        _train(loader, callback, control, state, SimpleNamespace(eval_strategy="no", save_strategy="no"),
+               after_step=after_step)
+        assert state.global_step > 3 and all(total == bound for total, bound in totals)
+        assert bar.n == bar.total == state.global_step
+    finally:
+        bar.close()
+        loader.loader.close()
+
+
 def test_the_logged_metrics_sum_the_window_then_start_again(tmp_path):
     loader, callback, control = _world(tmp_path, audit=False)
     try:
