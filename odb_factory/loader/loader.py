@@ -315,7 +315,8 @@ class ODBDataLoader:
                 last_step = plan.step
                 if plan.replayed:  # trained before the state was saved
                     self.metrics.epoch_steps[epoch] += 1
-                    self._micro_in_step[epoch] += 1
+                    if cfg.step_mode == "samples":
+                        self._micro_in_step[epoch] += 1
                     continue
                 yield self._to_batch(plan, data, time.perf_counter() - start)
         finally:
