@@ -42,6 +42,13 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def text_model(tmp_path_factory):
+    """The tiny text-only Qwen3 (random weights, built offline)."""
+    from odb_factory.demo.tiny_qwen3 import build_tiny_qwen3
+    return build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny_qwen3", seed=0)
+
+
+@pytest.fixture(scope="session")
 def demo_data(tmp_path_factory):
     """The generated mixed text/image demo set (heavy-tailed lengths)."""
     from odb_factory.demo.synthetic_data import write_demo_dataset

@@ -105,6 +105,22 @@ def log_history(out_dir: Path) -> List[dict]:
     return json.loads((Path(out_dir) / "trainer_state.json").read_text())["log_history"]
 
 
+def assert_trains_the_standard_model(standard: Path, odb: Path, rel: float) -> List[tuple]:
+    """The ODB run logged Standard's optimizer steps (more than 5), each loss within `rel`
+    relative, each learning rate within 1e-9, and its eval loss within `rel`; returns the
+    logged (Standard, ODB) step pairs."""
+    import pytest
+    std_steps = [h for h in log_history(standard) if "loss" in h]
+    odb_steps = [h for h in log_history(odb) if "loss" in h]
+    assert [h["step"] for h in odb_steps] == [h["step"] for h in std_steps] and len(std_steps) > 5
+    for a, b in zip(std_steps, odb_steps):
+        assert b["loss"] == pytest.approx(a["loss"], rel=rel), (a["step"], a["loss"], b["loss"])
+        assert b["learning_rate"] == pytest.approx(a["learning_rate"], rel=1e-9)
+    std_eval, odb_eval = (json.loads((out / "eval_results.json").read_text())["eval_loss"] for out in (standard, odb))
+    assert odb_eval == pytest.approx(std_eval, rel=rel)
+    return list(zip(std_steps, odb_steps))
+
+
 def balance_stages() -> List[str]:
     """Both balancing stages where the installed transformers has the vision stage, else the
     LLM stage alone (elsewhere the vision stage is refused at parse time: test_version_matrix)."""

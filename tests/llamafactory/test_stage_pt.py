@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.helpers import lf_runs
-from tests.helpers.lf_runs import base_yaml, ledger, log_history, train
+from tests.helpers.lf_runs import assert_trains_the_standard_model, base_yaml, ledger, train
 
 pytest.importorskip("llamafactory")
 
@@ -27,12 +27,6 @@ def pt_data(tmp_path_factory):
     return data
 
 
-@pytest.fixture(scope="module")
-def text_model(tmp_path_factory):
-    from odb_factory.demo.tiny_qwen3 import build_tiny_qwen3
-    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny_qwen3") / "model", seed=0)
-
-
 def _yaml(model, data, out, **extra):
     return base_yaml(model, data, out, stage="pt", dataset="docs", template="qwen3_nothink", cutoff_len=256,
                      max_samples=96, per_device_train_batch_size=1, gradient_accumulation_steps=4, val_size=0.1,
@@ -45,14 +39,7 @@ def test_pt_samples_mode_trains_the_standard_model(tmp_path, text_model, pt_data
     std, odb, audit = tmp_path / "standard", tmp_path / "odb", tmp_path / "audit"
     train(_yaml(text_model, pt_data, std, packing=False), nproc=2)
     train(_yaml(text_model, pt_data, odb, odb_enable=True, odb_token_budget=512, odb_audit_dir=str(audit)), nproc=2)
-    std_steps = [h for h in log_history(std) if "loss" in h]
-    odb_steps = [h for h in log_history(odb) if "loss" in h]
-    assert [h["step"] for h in odb_steps] == [h["step"] for h in std_steps] and len(std_steps) > 5
-    for a, b in zip(std_steps, odb_steps):
-        assert b["loss"] == pytest.approx(a["loss"], rel=REL), (a["step"], a["loss"], b["loss"])
-        assert b["learning_rate"] == pytest.approx(a["learning_rate"], rel=1e-9)
-    std_eval, odb_eval = (json.loads((out / "eval_results.json").read_text())["eval_loss"] for out in (std, odb))
-    assert odb_eval == pytest.approx(std_eval, rel=REL)
+    assert_trains_the_standard_model(std, odb, REL)
     rows = ledger(audit)
     assert any(r["micro_steps"] < 4 for r in rows), "nothing was packed"
 
