@@ -89,7 +89,6 @@ class ODBRunOptions:
     # `odb_padding_free` decided (None: `auto`, until the model is known) and why
     padding_free: Optional[bool] = None
     padding_free_reason: str = ""
-    pairwise: bool = False         # every sample is a chosen/rejected pair (stage dpo)
 
     def decide_padding_free(self, model_type: Optional[str], flash_attention: bool) -> bool:
         """Settle `odb_padding_free: auto` for a model of this type (once; an explicit value or
@@ -210,10 +209,9 @@ def stage_arguments(raw: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def settle_stage(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
-    """What the stage decides: stage dpo's samples are pairs, in padded rows (LLaMA-Factory's
-    pairwise collator and DPO loss read a batch as its chosen rows, then its rejected rows)."""
+    """What the stage decides: stage dpo's pairs train in padded rows (LLaMA-Factory's pairwise
+    collator and DPO loss read a batch as its chosen rows, then its rejected rows)."""
     if raw.get("stage", "sft") in PAIRWISE_STAGES:
-        odb.pairwise = True
         if odb.padding_free is None:
             odb.padding_free = False
             odb.padding_free_reason = (f"stage {raw['stage']}: a batch is its chosen rows, then its rejected "
