@@ -12,6 +12,9 @@ mostly a micro-batch's fixed cost:
   short              8 M model, cutoff 128 tokens (most rows cut: short instruction rows)
   long               8 M model, cutoff 1024 tokens (rows whole: mean ~300 tokens, length CV ~0.8)
   tiny               tiny Qwen3, cutoff 128 tokens
+  short_qwen_vocab   the 8 M model's tower with a Qwen vocabulary (151,936 rows, tied: 46 M parameters),
+  long_qwen_vocab    cutoff 128 / 1024: the LM head and its weight gradient, paid again by every
+                     micro-batch, are most of a step, as in Qwen's small and mid-size models
 
 Methods, one epoch each over the same training split, batch 1 per device × `--accumulation`:
   Standard                   LLaMA-Factory as it is
@@ -48,10 +51,13 @@ from .tables import md_table
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / ".cache" / "bench_cpu_layer"
 MODEL = REPO / ".cache" / "cpu_layer_qwen3"
+MODEL_QWEN_VOCAB = REPO / ".cache" / "cpu_layer_qwen3_qwen_vocab"
+QWEN_VOCAB = 151936
 DEMO = REPO.parent / "shared" / "data" / "llamafactory_demo"
 # cell -> (model, cutoff_len): the compute-dominated model on short and long rows, and the tiny
 # Qwen3 (hidden 64, 2 layers: a micro-batch's fixed cost dominates its steps) on short rows
-CELLS = {"short": ("8M", 128), "long": ("8M", 1024), "tiny": ("tiny", 128)}
+CELLS = {"short": ("8M", 128), "long": ("8M", 1024), "tiny": ("tiny", 128),
+         "short_qwen_vocab": ("46M", 128), "long_qwen_vocab": ("46M", 1024)}
 # method -> (label, keys); "standard_batch": Standard's optimizer steps as one micro-batch of
 # `accumulation` samples per rank (the same samples per step; the same model for a text model,
 # whose loss is the step's global token mean), padded as LLaMA-Factory pads
@@ -69,7 +75,9 @@ LAYER_CONFIG = {"hidden_size": 256, "intermediate_size": 2048, "num_hidden_layer
 
 def build_model(kind: str) -> Path:
     """The tiny Qwen3 ("tiny"), or its tokenizer and template with a compute-dominated text
-    tower ("8M")."""
+    tower: "8M" with the tokenizer's own 2,048-token vocabulary, "46M" with a Qwen vocabulary
+    (151,936 rows, tied embeddings as in Qwen3's small models; the tokenizer uses the first
+    2,048), whose LM head and the gradient of its weights make most of a step's work."""
     from odb_factory.demo import tiny_qwen3
     from odb_factory.demo.tiny_model import build_tiny
     if kind == "tiny":
@@ -80,9 +88,12 @@ def build_model(kind: str) -> Path:
         for key, value in LAYER_CONFIG.items():
             setattr(config, key, value)
         config.layer_types = ["full_attention"] * config.num_hidden_layers
+        if kind == "46M":
+            config.vocab_size, config.tie_word_embeddings = QWEN_VOCAB, True
         return config, ids
-    return build_tiny(MODEL, 0, False, "qwen3_cpu_layer", "Qwen3ForCausalLM", make_config,
-                      tiny_qwen3._make_processor)
+    name = "qwen3_cpu_layer" if kind == "8M" else "qwen3_cpu_layer_qwen_vocab"
+    return build_tiny(MODEL if kind == "8M" else MODEL_QWEN_VOCAB, 0, False, name, "Qwen3ForCausalLM",
+                      make_config, tiny_qwen3._make_processor)
 
 
 def data_dir() -> Path:
@@ -158,7 +169,7 @@ def prediction_check(root: Path, rows: List[dict]) -> List[Dict[str, object]]:
 
 
 def measure(root: Path, cells: List[str], methods: List[str], repeats: int, samples: int,
-            accumulation: int) -> List[dict]:
+            accumulation: int, profile: bool = False) -> List[dict]:
     rows = []
     for cell in cells:
         kind, cutoff = CELLS[cell]
@@ -171,7 +182,7 @@ def measure(root: Path, cells: List[str], methods: List[str], repeats: int, samp
             for method in shuffled:
                 out = run_dir(root, cell, method, repeat)
                 plan.append((method, repeat, out))
-                configs.append(config(method, model, cutoff, samples, accumulation, out))
+                configs.append(dict(config(method, model, cutoff, samples, accumulation, out), profile=profile))
         print(f"[cpu layer] {cell}: {len(configs)} runs in one torchrun", file=sys.stderr, flush=True)
         run_all(configs, root / f"{cell.replace(' ', '_').replace(',', '')}.log")
         for method, repeat, out in plan:
@@ -215,11 +226,13 @@ def main(argv=None) -> List[dict]:
     parser.add_argument("--cells", default=",".join(CELLS), help=f"comma-separated, of {list(CELLS)}")
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {list(METHODS)}")
     parser.add_argument("--name", default="runs", help="the runs go to .cache/bench_cpu_layer/NAME/")
+    parser.add_argument("--profile", action="store_true",
+                        help="each run also writes profile_rank<r>.txt (torch's profiler: CPU time by operator)")
     args = parser.parse_args(argv)
     methods = ["standard"] + [m for m in args.methods.split(",") if m != "standard"]
     root = RUNS / args.name
     root.mkdir(parents=True, exist_ok=True)
-    rows = measure(root, args.cells.split(","), methods, args.repeats, args.samples, args.accumulation)
+    rows = measure(root, args.cells.split(","), methods, args.repeats, args.samples, args.accumulation, args.profile)
     (root / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     lines = table(rows)
     print(md_table(lines, [(k, k) for k in lines[0]]))

@@ -23,6 +23,9 @@ trainer's `training_step` (forward + backward of every micro-batch of an optimiz
 share of train time that is compute; and `steps_rank<r>.jsonl`: per `training_step` call, its
 seconds and the work of its micro-batches in the step model's terms (micro-batches, padded
 tokens, attention Σ len², images, patches, Σ patches²), for the step model's out-of-sample check.
+A config with `"profile": true` runs under torch's profiler and each rank also writes
+`<output_dir>/profile_rank<r>.txt`: where the run's CPU time went, operator by operator (self
+time), with the trainer's `training_step` as a labelled range (torch labels the optimizer's step).
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ import os
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
+
+import torch
 
 
 def micro_batch_work(batch) -> dict:
@@ -80,7 +86,8 @@ class ComputeTimer:
             self._depth.n = depth + 1
             start = time.perf_counter()
             try:
-                return inner(trainer, model, inputs, *args, **kwargs)
+                with torch.profiler.record_function("training_step" if depth == 0 else "training_step (inner)"):
+                    return inner(trainer, model, inputs, *args, **kwargs)
             finally:
                 self._depth.n = depth
                 if depth == 0:
@@ -133,6 +140,7 @@ def main(path: str) -> None:
             config = resolve(config)
             timer.seconds, timer.steps = 0.0, []
             out = Path(config["output_dir"])
+            profiling = config.pop("profile", False)
             if config.pop("peer_integration", False):
                 undo = peer_trainer_patch(int(config.pop("peer_token_budget")))
                 try:
@@ -145,7 +153,12 @@ def main(path: str) -> None:
                 finally:
                     undo()
             else:
-                run_exp(config)
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profiling \
+                        else nullcontext() as profile:
+                    run_exp(config)
+                if profiling:
+                    (out / f"profile_rank{rank}.txt").write_text(profile.key_averages().table(
+                        sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60))
             (out / f"compute_rank{rank}.json").write_text(json.dumps({"training_step_s": timer.seconds}))
             (out / f"steps_rank{rank}.jsonl").write_text("".join(json.dumps(s) + "\n" for s in timer.steps))
             print(f"[lf_multi_run] rank {rank}: {config['output_dir']} done", file=sys.stderr, flush=True)
