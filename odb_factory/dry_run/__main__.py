@@ -13,36 +13,46 @@ from pathlib import Path
 from typing import List, Optional
 
 DESCRIPTION = """\
-Dry run of a LLaMA-Factory training recipe: what ODB would do with it, without training. The
-recipe is parsed as `llamafactory-cli train` parses it (key=value overrides included); the
-training rows (all, or --rows N of them) go through the run's own template, tokenisation and
-vision-token expansion in worker processes; then one epoch is planned for --world-size ranks
-with LLaMA-Factory's fixed batches (Standard) and ODB's `odb_step: samples` and `groups`, using
-the engine's own planner. No model weights are loaded.
+Dry run of a LLaMA-Factory training recipe (stage sft, pt or dpo): what ODB would do with it,
+without training. The recipe is parsed as `llamafactory-cli train` parses it (key=value
+overrides included); the training rows (all, or --rows N of them) go through the run's own
+template, tokenisation and vision-token expansion in worker processes; then one epoch is
+planned for --world-size ranks with LLaMA-Factory's fixed batches (Standard) and ODB's
+`odb_step: samples` and `groups` (stage dpo: samples only, as training), using the engine's
+own planner. No model weights are loaded.
 """
 
 EPILOG = """\
 figures (one epoch):
   Standard             LLaMA-Factory's per_device_train_batch_size x gradient_accumulation_steps
                        batches, in a seeded order (the Trainer's sampler draws another order
-                       of the same counts)
+                       of the same counts); stage dpo: batches of pairs, each pair two rows
+                       padded to its longer side
+  tokens               what the run's cost function counts: a row's LLM tokens; a dpo pair's
+                       two rows of its longer side, padded to the collator's multiple of 8
   CV                   population std / mean of the rows' LLM tokens
   f_s                  share of rows with at most 512 LLM tokens
   vision share         vision tokens / all LLM tokens
   padded waste         padding / tokens the micro-batches occupy (n x longest, rounded to the
-                       collator's multiple of 8; real tokens for odb_cost_mode: packed)
+                       collator's multiple: 8 for sft and dpo, none for pt; real tokens for
+                       odb_cost_mode: packed); a dpo pair's padding of its shorter side counts
+                       as its tokens (any batching that keeps pairs whole has it)
   max/LB               per micro-step, the busiest rank's occupied tokens over the ranks' mean
                        (the slowest rank's lower bound), summed over the epoch before dividing
   IDLE slots           (micro-step, rank) pairs with no sample, all ranks
   largest micro-batch  most tokens one micro-batch occupies
   speedup              ODB samples/s over Standard's, from the step-time model (H20 GPUs, the
-                       recipe's model counted on the meta device)
+                       recipe's model counted on the meta device; stage dpo: each pair's rows
+                       attend apart, and the reference model's forward is counted)
   band                 {band}
   suggested budget     {rule}
 rows cut by cutoff_len and rows over the budget are named by their training-row number, as the
 run's errors and audit ledger name them. With --rows N the statistics are over the N measured
 rows and the plan gives the other rows the numbers of measured rows drawn at random.
 """
+
+
+ODB_MODES = ("samples", "groups")
 
 
 def _workers() -> int:
@@ -108,16 +118,21 @@ def make_plan(a: argparse.Namespace) -> dict:
     if not len(measured.positions):
         position, error = measured.failures[0]
         raise ValueError(f"the pipeline failed on every measured row; training row {row_numbers[position]}: {error}")
-    rows = report.rows_from(measured.values, measured.positions, total, data.spatial_merge_size, seed)
+    rows = report.rows_from(measured.values, measured.positions, total, data.spatial_merge_size, seed,
+                            r.stage.rows_per_sample)
     cfg = dataclasses.replace(r.planning_config(), vision_token_ids=data.vision_token_ids,
                               spatial_merge_size=data.spatial_merge_size)
-    schedules = report.mode_schedules(rows, cfg, a.world_size)
+    # a mode training refuses for the stage is not planned (stage dpo: groups)
+    refused = {m: why for m in ODB_MODES if (why := r.stage.step_refusal(m))}
+    modes = [m for m in ODB_MODES if m not in refused]
+    schedules = report.mode_schedules(rows, cfg, a.world_size, modes)
     attention = r.packed_attention
     feats = {name: features(s, rows, attention) for name, s in schedules.items()}
     spec = speedup.model_spec(data.model_config, r.finetuning_args.lora_rank, r.model_args.trust_remote_code)
     finetuning = r.finetuning_args.finetuning_type
-    model = speedup.step_model(spec, hw, finetuning)
-    predicted = speedup.predicted(feats["standard"], {m: feats[m] for m in ("samples", "groups")}, rows, model)
+    reference = speedup.reference_model(r.finetuning_args)
+    model = speedup.step_model(spec, hw, finetuning, reference)
+    predicted = speedup.predicted(feats["standard"], {m: feats[m] for m in modes}, rows, model)
     faster = faster_setting(r, cfg, rows, schedules["standard"], feats["standard"], predicted, model, a.world_size,
                             getattr(data.model_config, "model_type", None))
     suggestion = budget.suggest(rows, cfg, a.world_size, cfg.step_mode, schedules["standard"],
@@ -126,6 +141,7 @@ def make_plan(a: argparse.Namespace) -> dict:
     return {
         "recipe": str(a.recipe), "overrides": list(a.overrides),
         "settings": {
+            "stage": r.stage.name, "rows_per_sample": r.stage.rows_per_sample,
             "world_size": a.world_size, "per_device_train_batch_size": r.batch_size,
             "gradient_accumulation_steps": r.accumulation, "num_train_epochs": args.num_train_epochs,
             "max_steps": args.max_steps, "cutoff_len": data_args.cutoff_len,
@@ -146,8 +162,10 @@ def make_plan(a: argparse.Namespace) -> dict:
         "cut_by_cutoff_len": report.cut_rows(rows, row_numbers),
         "over_budget": report.over_budget_rows(rows, Budget.from_config(cfg), row_numbers),
         "plan": {name: report.batching_figures(schedules[name], feats[name], cfg.pad_to_multiple_of)
-                 for name in ("standard", "samples", "groups")},
-        "speedup": {**predicted, "step_model": speedup.describe(spec, hw, model, finetuning),
+                 if name in schedules else None for name in ("standard", *ODB_MODES)},
+        "refused_modes": refused,
+        "speedup": {**predicted, **{m: None for m in refused},
+                    "step_model": speedup.describe(spec, hw, model, finetuning, reference),
                     "band": speedup.BAND, "faster_setting": faster},
         "suggested_token_budget": suggestion,
         "seconds": {"recipe_and_data": loaded - started, "pipeline": measured.seconds,
@@ -169,7 +187,8 @@ def faster_setting(r, cfg, rows, standard, standard_features, predicted, model, 
     ours = predicted[mode]["speedup"]
     if ours is None or ours >= 1.0:
         return None
-    if cfg.cost_mode == "padded" and padding_free_refusal(model_type) is None:
+    if (cfg.cost_mode == "padded" and padding_free_refusal(model_type) is None
+            and r.stage.padding_free_refusal() is None):
         setting, other = "odb_padding_free: true", dataclasses.replace(cfg, cost_mode="packed", balance_mode="lpt")
     elif cfg.cost_mode == "packed" and r.packed_attention == "mask":
         setting, other = "odb_packed_attention: segments", cfg

@@ -1,10 +1,11 @@
 """The training rows through the run's own per-sample pipeline, in worker processes.
 
-The training split is built as the training path builds it (LLaMA-Factory's dataset loading,
-format conversion, `max_samples` and `val_size` split), then every row, or a seeded random
-sample of them, goes through `LazySupervisedDataset` (template, tokenisation, truncation,
-vision-token expansion) and `DefaultCost` in torch DataLoader workers. Only a handful of
-integers per row come back to the main process.
+The training split is built as the training path builds it for the recipe's stage
+(LLaMA-Factory's dataset loading and format conversion of its data stage, `max_samples` and
+`val_size` split), then every row, or a seeded random sample of them, goes through
+`LazySupervisedDataset` (template, tokenisation, truncation, vision-token expansion) and the
+stage's cost function (`DefaultCost`; a dpo pair's `PairCost`) in torch DataLoader workers.
+Only a handful of integers per row come back to the main process.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..cost import DefaultCost
+from ..cost import CostFn
 from ..llamafactory.lazy_dataset import LazySupervisedDataset
 from .recipe import Recipe
+from .stages import Stage
 
 CHUNK = 32                   # rows per worker hand-over: few messages, a smooth progress bar
 UNBOUNDED_CUTOFF = 1 << 30   # a cutoff_len no row reaches: the row's length before truncation
@@ -34,7 +36,8 @@ class TrainingSet:
     """The run's training split and what its pipeline needs."""
     dataset: LazySupervisedDataset
     converted_rows: int           # rows after conversion, max_samples and the val_size split
-    cost: DefaultCost
+    stage: Stage
+    cost: CostFn                  # the run's cost of a sample (a dpo pair: both its rows)
     vision_token_ids: Tuple[int, ...]
     spatial_merge_size: int
     model_config: Any
@@ -59,30 +62,32 @@ def training_set(recipe: Recipe) -> TrainingSet:
     from llamafactory.model.loader import load_config
 
     model_args, data_args, training_args = recipe.model_args, recipe.data_args, recipe.training_args
+    stage = recipe.stage
     tokenizer_module = load_tokenizer(model_args)
     template = get_template_and_fix_tokenizer(tokenizer_module["tokenizer"], data_args)
-    merged = _get_merged_dataset(data_args.dataset, model_args, data_args, training_args, "sft")
+    merged = _get_merged_dataset(data_args.dataset, model_args, data_args, training_args, stage.data_stage)
     if merged is None:
         raise ValueError("the recipe names no training dataset (dataset: ...)")
     # The eval split is left out: only the training rows are planned.
     train = split_dataset(merged, None, data_args, seed=training_args.seed)[0]["train"]
-    processor = _get_dataset_processor(data_args, "sft", template, tokenizer_module["tokenizer"],
+    processor = _get_dataset_processor(data_args, stage.data_stage, template, tokenizer_module["tokenizer"],
                                        tokenizer_module["processor"])
-    lazy = LazySupervisedDataset(train, processor)
+    lazy = LazySupervisedDataset(train, processor, stage.data_stage)
     if len(lazy) == 0:
-        raise ValueError("no valid training rows: every row is malformed for LLaMA-Factory's sft stage")
+        raise ValueError(f"no valid training rows: every row is malformed for LLaMA-Factory's {stage.name} stage")
     config = load_config(model_args)
     vision_ids = tuple(t for t in (getattr(config, "image_token_id", None),
                                    getattr(config, "video_token_id", None)) if t is not None)
     merge = getattr(getattr(config, "vision_config", None), "spatial_merge_size", 2)
     cfg = recipe.planning_config()
-    cost = DefaultCost.from_config(dataclasses.replace(cfg, vision_token_ids=vision_ids,
-                                                       spatial_merge_size=merge))
-    return TrainingSet(lazy, len(train), cost, vision_ids, merge, config)
+    cost = stage.cost_fn(dataclasses.replace(cfg, vision_token_ids=vision_ids, spatial_merge_size=merge))
+    return TrainingSet(lazy, len(train), stage, cost, vision_ids, merge, config)
 
 
 class RowCosts(torch.utils.data.Dataset):
-    """Dataset position -> the row's measured numbers, computed in the worker process.
+    """Dataset position -> the row's measured numbers, computed in the worker process: the
+    sample's cost (tokens, label tokens, vision patches), its images (counted in every row it is
+    trained as, as its patches are), and its tokens plus those cutoff_len cut off its rows.
 
     A row the pipeline fails on (a missing image, vision tokens cut by cutoff_len) comes back
     as its error: the run would stop there, and the dry run reports it instead of stopping."""
@@ -105,19 +110,21 @@ class RowCosts(torch.utils.data.Dataset):
         except Exception as exc:  # noqa: BLE001 - any row error would stop the run: report it
             return position, f"{type(exc).__name__}: {exc}"
         cost = self.data.cost(sample)
-        ids = np.asarray(sample["input_ids"])
-        runs = vision_runs(ids, self.data.vision_token_ids) * self.data.spatial_merge_size ** 2
-        full = len(ids)
-        if full >= self.cutoff:  # reached cutoff_len: cut, unless exactly that long
-            full = self._untruncated_length(position)
+        rows = self.data.stage.rows(sample)
+        runs = np.concatenate([vision_runs(np.asarray(ids), self.data.vision_token_ids) for ids in rows])
+        runs = runs * self.data.spatial_merge_size ** 2
+        kept = [len(ids) for ids in rows]
+        cut = 0
+        if max(kept) >= self.cutoff:  # reached cutoff_len: cut, unless exactly that long
+            cut = sum(full - n for full, n in zip(self._untruncated_lengths(position), kept))
         return position, (cost.input_tokens, cost.label_tokens, cost.vision_patches, len(runs),
-                          int(np.sum(runs.astype(np.int64) ** 2)), full)
+                          int(np.sum(runs.astype(np.int64) ** 2)), cost.input_tokens + cut)
 
-    def _untruncated_length(self, position: int) -> int:
+    def _untruncated_lengths(self, position: int) -> List[int]:
         lazy = self.data.dataset
         row = lazy.converted[lazy.rows[position]]
         out = self.unbounded.preprocess_dataset({k: [v] for k, v in row.items()})
-        return len(out["input_ids"][0])
+        return [len(ids) for ids in self.data.stage.rows({k: v[0] for k, v in out.items()})]
 
 
 def vision_runs(ids: np.ndarray, vision_ids: Sequence[int]) -> np.ndarray:

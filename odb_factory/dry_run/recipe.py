@@ -17,10 +17,6 @@ from ..config import ODBConfig
 # the parse and named in the output.
 DEVICE_ONLY_KEYS = {"deepspeed": None, "pure_bf16": False}
 
-# LLaMA-Factory's SFT collator pads every batch to a multiple of 8 when training
-# (llamafactory.train.sft.workflow), and ODB's budget counts the same padding.
-TRAIN_PAD_MULTIPLE = 8
-
 
 class RecipeError(ValueError):
     """A recipe, override or key the dry run cannot use; the message names it."""
@@ -34,6 +30,7 @@ class Recipe:
     data_args: Any
     training_args: Any
     finetuning_args: Any
+    stage: Any                     # stages.Stage: what the recipe's `stage` changes
     odb: Any                       # ODBRunOptions of the recipe (defaults when it has no odb_* key)
     odb_enabled: bool              # the recipe itself turns ODB on
     batch_size: int                # per_device_train_batch_size
@@ -60,7 +57,8 @@ class Recipe:
             gradient_accumulation_steps=self.accumulation,
             standard_batch_size=self.batch_size,
             pad_epoch_to_accumulation=True,
-            pad_to_multiple_of=TRAIN_PAD_MULTIPLE if args.do_train else 1)
+            # ODB's budget counts the padding the stage's collator adds
+            pad_to_multiple_of=self.stage.pad_multiple(args.do_train))
 
 
 def merged_yaml(path: Path, overrides: Sequence[str]) -> Dict[str, Any]:
@@ -90,21 +88,32 @@ def parse(path: Path, overrides: Sequence[str] = ()) -> Recipe:
     raw = merged_yaml(path, overrides)
     from ..llamafactory import arguments
     from ..llamafactory.run import run_of
-    stage = raw.get("stage", "sft")
-    if stage != "sft":
-        raise RecipeError(f"stage: {stage}: the dry run plans supervised fine-tuning (stage: sft)")
+    from .stages import stage_of
+    try:
+        stage = stage_of(raw.get("stage", "sft"))
+    except ValueError as exc:
+        raise RecipeError(f"recipe {path}: {exc}") from exc
     # The odb_* keys and the paths are checked again by the parser; here they fail in a
     # fraction of a second, before LLaMA-Factory's slow import.
     try:
-        arguments.parse_odb_arguments(arguments.split_odb_keys(raw)[1])
+        options = arguments.parse_odb_arguments(arguments.split_odb_keys(raw)[1])
     except ValueError as exc:
         raise RecipeError(f"recipe {path}: {exc}") from exc
+    # what the stage refuses, and packing (stage pt's default otherwise: documents concatenated
+    # into blocks), as a run with odb_enable: true refuses them
+    problems = arguments.stage_problems(options, stage.name)
+    packing = arguments.packing_problem(raw)
+    if packing:
+        problems.append(packing)
+    if problems:
+        raise RecipeError(f"recipe {path}: " + "; ".join(problems))
     arguments.check_paths(raw)
     import odb_factory_patches
     from llamafactory.hparams import get_train_args
     odb_factory_patches.apply()
     set_aside = sorted(k for k, v in DEVICE_ONLY_KEYS.items() if raw.get(k) not in (None, v))
-    parse_args = {k: v for k, v in raw.items() if k not in DEVICE_ONLY_KEYS}
+    # as a run with odb_enable: true parses it (stage pt: documents stay whole)
+    parse_args = arguments.stage_arguments({k: v for k, v in raw.items() if k not in DEVICE_ONLY_KEYS})
     parse_args["use_cpu"] = True  # LLaMA-Factory refuses one process over several GPUs
     parse_args["overwrite_output_dir"] = True  # it writes nothing: an existing output_dir is no concern
     try:
@@ -114,10 +123,11 @@ def parse(path: Path, overrides: Sequence[str] = ()) -> Recipe:
     run = run_of(data_args, enabled_only=False)
     odb = run.options if run is not None else arguments.parse_odb_arguments({})
     enabled = run is not None and run.enabled
+    arguments.settle_stage(odb, raw)  # what the stage decides, as for a run with odb_enable: true
     # the recipe's accumulation (a samples-mode run hands it to ODB: HF accumulates over 1)
     accumulation = (run.step_mode.engine_accumulation(odb.config, training_args.gradient_accumulation_steps)
                     if enabled else training_args.gradient_accumulation_steps)
     if data_args.streaming:
         raise RecipeError("streaming: the dry run needs a map-style dataset, as ODB does; set streaming: false")
-    return Recipe(Path(path), raw, model_args, data_args, training_args, finetuning_args, odb, enabled,
+    return Recipe(Path(path), raw, model_args, data_args, training_args, finetuning_args, stage, odb, enabled,
                   training_args.per_device_train_batch_size, accumulation, set_aside)

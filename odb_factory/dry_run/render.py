@@ -17,6 +17,15 @@ ROWS = (("optimizer steps", "optimizer_steps", "{:d}"),
         ("largest micro-batch (tokens)", "largest_micro_batch_tokens", "{:d}"))
 
 
+# the step model's reference model (speedup.reference_model), as the step-model line names it
+REFERENCES = {"none": "", "shared": " + the reference forward (the model, LoRA adapters off)",
+              "copy": " + the reference forward (a frozen copy of the weights)"}
+
+
+def _figure(figures: Optional[dict], key: str, fmt: str) -> str:
+    return "n/a" if figures is None else fmt.format(figures[key])
+
+
 def _rows_list(found: dict) -> str:
     if not found["count"]:
         return ""
@@ -24,7 +33,9 @@ def _rows_list(found: dict) -> str:
     return ": rows " + ", ".join(str(r) for r in found["first"]) + more
 
 
-def _speedup(entry: dict) -> str:
+def _speedup(entry: Optional[dict]) -> str:
+    if entry is None:
+        return "n/a (not planned)"
     if entry["speedup"] is None:
         return "n/a (out of memory)"
     band = ""
@@ -41,8 +52,9 @@ def text(plan: dict) -> str:
     s, rows, lengths = plan["settings"], plan["rows"], plan["lengths"]
     out: List[str] = [f"dry run of {plan['recipe']}" + (f" {' '.join(plan['overrides'])}" if plan["overrides"] else "")]
     epochs = f"{s['num_train_epochs']:g} epoch(s)" + (f", max_steps {s['max_steps']}" if s["max_steps"] > 0 else "")
-    out.append(f"  world size {s['world_size']}, batch {s['per_device_train_batch_size']} x accumulation "
-               f"{s['gradient_accumulation_steps']}, {epochs}, cutoff_len {s['cutoff_len']}")
+    unit = " pairs" if s["rows_per_sample"] == 2 else ""
+    out.append(f"  stage {s['stage']}, world size {s['world_size']}, batch {s['per_device_train_batch_size']}{unit} "
+               f"x accumulation {s['gradient_accumulation_steps']}, {epochs}, cutoff_len {s['cutoff_len']}")
     enabled = "" if s["odb_enable"] else " (the recipe does not enable ODB: its odb_* settings or the defaults)"
     out.append(f"  odb_step {s['odb_step']}, odb_token_budget {s['odb_token_budget']}, odb_cost_mode "
                f"{s['odb_cost_mode']}, odb_buffer_size {s['odb_buffer_size']}, padding to a multiple of "
@@ -69,6 +81,9 @@ def text(plan: dict) -> str:
                f"p99 {lengths['p99_tokens']:.0f}, max {lengths['max_tokens']}), CV {lengths['cv']:.2f}, "
                f"f_s {lengths['short_fraction']:.1%} (<= {lengths['short_threshold']} tokens), vision "
                f"{lengths['vision_share']:.1%} of tokens, {lengths['images_per_row']:.2f} images/row")
+    if s["rows_per_sample"] == 2:
+        out.append("          a pair's tokens are its two rows, each as long as its longer side padded to a "
+                   f"multiple of {s['pad_to_multiple_of']} (the batch the pairwise collator builds)")
     cut = plan["cut_by_cutoff_len"]
     out.append(f"cutoff    {cut['count']} rows cut by cutoff_len {s['cutoff_len']}"
                + (f" ({cut['tokens_cut']} tokens cut off)" if cut["count"] else "") + _rows_list(cut))
@@ -80,7 +95,9 @@ def text(plan: dict) -> str:
     out.append("")
     out.append(f"{'one epoch':<30}" + "".join(f"{label:>14}" for _, label in MODES))
     for label, key, fmt in ROWS:
-        out.append(f"{label:<30}" + "".join(f"{fmt.format(plan['plan'][m][key]):>14}" for m, _ in MODES))
+        out.append(f"{label:<30}" + "".join(f"{_figure(plan['plan'][m], key, fmt):>14}" for m, _ in MODES))
+    for mode, why in plan["refused_modes"].items():
+        out.append(f"  ODB {mode} not planned: {why}")
     out.append("")
     sp = plan["speedup"]
     model = sp["step_model"]
@@ -92,9 +109,10 @@ def text(plan: dict) -> str:
                    f"{faster['setting']} is predicted {faster['setting_speedup']:.2f}x")
     if sp["standard_oom_batches"]:
         out.append(f"  Standard has {sp['standard_oom_batches']} micro-batches over the memory figure")
+    reference = REFERENCES[model["reference_model"]]
     out.append(f"  step model: {model['model']} ({_million(model['llm_params'])} LLM, "
-               f"{_million(model['vision_params'])} vision parameters), {model['finetuning']} fine-tuning "
-               f"on {model['hardware']}, MFU {model['mfu']:g}, {model['gpu_memory_gb']:g} GB per GPU")
+               f"{_million(model['vision_params'])} vision parameters), {model['finetuning']} fine-tuning"
+               f"{reference} on {model['hardware']}, MFU {model['mfu']:g}, {model['gpu_memory_gb']:g} GB per GPU")
     out.append(f"  band: {sp['band']}")
     sug = plan["suggested_token_budget"]
     value: Optional[int] = sug["value"]

@@ -27,22 +27,24 @@ FIRST = 10   # row numbers listed for each kind of row at fault
 
 @dataclass
 class Rows:
-    """Per training row (dataset position): the numbers the plan is made of."""
+    """Per training row (dataset position): the numbers the plan is made of, as the run's cost
+    function counts them (a dpo pair: the two rows of its longer side, padded)."""
     tokens: np.ndarray         # LLM input tokens after the pipeline (cut at cutoff_len)
-    label_tokens: np.ndarray   # supervised tokens (as a shifted loss counts them)
+    label_tokens: np.ndarray   # supervised tokens (as a shifted loss counts them; a pair: 1)
     images: np.ndarray         # images (runs of vision tokens)
     patches: np.ndarray        # vision patches before the spatial merge
     patch_sq: np.ndarray       # sum over the row's images of patches**2
     text_tokens: np.ndarray    # tokens less vision tokens
-    full_tokens: np.ndarray    # tokens before cutoff_len
+    full_tokens: np.ndarray    # tokens plus those cutoff_len cut off
     measured: np.ndarray       # True: the pipeline measured this row; False: numbers resampled
+    rows_per_sample: int = 1   # rows a sample is trained as (a dpo pair: 2), for the pricing
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
 
 def rows_from(values: Dict[str, np.ndarray], positions: np.ndarray, total: int, merge: int,
-              seed: int) -> Rows:
+              seed: int, rows_per_sample: int = 1) -> Rows:
     """All `total` rows: the measured ones as measured, every other row (not sampled, or one
     the pipeline failed on) with the numbers of a measured row drawn at random (seeded), so
     the plan covers the whole epoch at the data's measured length distribution."""
@@ -58,7 +60,7 @@ def rows_from(values: Dict[str, np.ndarray], positions: np.ndarray, total: int, 
     take = {k: np.asarray(v, dtype=np.int64)[source] for k, v in values.items()}
     vision = take["patches"] // (merge * merge)
     return Rows(take["tokens"], take["label_tokens"], take["images"], take["patches"], take["patch_sq"],
-                take["tokens"] - vision, take["full_tokens"], measured)
+                take["tokens"] - vision, take["full_tokens"], measured, rows_per_sample)
 
 
 def length_stats(rows: Rows) -> dict:
@@ -107,13 +109,14 @@ def standard_schedule(num_rows: int, world: int, batch: int, accumulation: int, 
                     note=f"batch {batch} x accumulation {accumulation}")
 
 
-def mode_schedules(rows: Rows, config: ODBConfig, world: int) -> Dict[str, Schedule]:
-    """Standard, ODB `samples` and ODB `groups` for one epoch."""
+def mode_schedules(rows: Rows, config: ODBConfig, world: int,
+                   modes: Sequence[str] = ("samples", "groups")) -> Dict[str, Schedule]:
+    """Standard and the ODB `modes` (`samples`, `groups`) for one epoch."""
     costs = costs_of(rows)
     standard = standard_schedule(len(rows), world, config.standard_batch_size,
                                  config.gradient_accumulation_steps, config.seed)
     return {"standard": standard, **{mode: schedule_for(mode, config, world, standard, costs)
-                                     for mode in ("samples", "groups")}}
+                                     for mode in modes}}
 
 
 def schedule_for(mode: str, config: ODBConfig, world: int, standard: Schedule,

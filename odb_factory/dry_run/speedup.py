@@ -4,6 +4,11 @@ The model (`odb_factory.simulation.step_model`) needs the architecture's numbers
 counted from the recipe's own model, built on PyTorch's meta device (shapes only, no weights
 read or allocated). The hardware is the step model's H20 (`--gpus-per-node` per node).
 
+Stage dpo is priced as it trains: a pair's two rows attend apart (the plan's rows say
+`rows_per_sample` 2, so its attention counts l²/2 of its l tokens), Standard's micro-batch is
+per_device_train_batch_size pairs of two padded rows each, and the reference model's forward
+runs beside every micro-batch (`reference_model`).
+
 The step model has no error bars of its own: one efficiency (MFU) is calibrated, and the fixed
 time per micro-batch and the collective bandwidth are assumptions. The band is the range of
 the predicted speedup over those three: MFU from half the calibrated value to the calibrated
@@ -81,9 +86,22 @@ def hardware(world: int, gpus_per_node: int, memory_gb: Optional[float]) -> Hard
     return dataclasses.replace(base, name=name, **({"hbm_bytes": memory_gb * GB} if memory_gb else {}))
 
 
-def step_model(spec: ModelSpec, hw: Hardware, finetuning_type: str) -> StepModel:
-    """LoRA runs are priced as LoRA; full and freeze runs as full fine-tuning."""
-    return build_step_model(spec, hw, "lora" if finetuning_type == "lora" else "full")
+def reference_model(finetuning_args: Any) -> str:
+    """The reference model a run computes beside the trained one, as LLaMA-Factory's dpo
+    workflow creates it (`use_ref_model`: stage dpo except the orpo and simpo losses): the
+    trained model itself with its LoRA adapters off, or a frozen copy of the weights (full and
+    freeze fine-tuning, or a `ref_model` of its own, priced as the recipe's architecture)."""
+    if not getattr(finetuning_args, "use_ref_model", False):
+        return "none"
+    if finetuning_args.finetuning_type == "lora" and finetuning_args.ref_model is None:
+        return "shared"
+    return "copy"
+
+
+def step_model(spec: ModelSpec, hw: Hardware, finetuning_type: str, reference: str = "none") -> StepModel:
+    """LoRA runs are priced as LoRA; full and freeze runs as full fine-tuning; `reference`:
+    `reference_model`."""
+    return build_step_model(spec, hw, "lora" if finetuning_type == "lora" else "full", reference_model=reference)
 
 
 def variants(m: StepModel):
@@ -114,9 +132,9 @@ def predicted(standard: Features, modes: Dict[str, Features], rows, m: StepModel
     return out
 
 
-def describe(spec: ModelSpec, hw: Hardware, m: StepModel, finetuning_type: str) -> dict:
+def describe(spec: ModelSpec, hw: Hardware, m: StepModel, finetuning_type: str, reference: str = "none") -> dict:
     return {"model": spec.name, "hardware": hw.name, "world": m.world,
-            "finetuning": "lora" if finetuning_type == "lora" else "full",
+            "finetuning": "lora" if finetuning_type == "lora" else "full", "reference_model": reference,
             "llm_params": spec.llm_params, "vision_params": spec.vision_params,
             "mfu": DEFAULT_MFU, "gpu_memory_gb": hw.hbm_bytes / GB,
             "memory_cap_tokens": max(0, m.cap_tokens), "fixed_s_per_micro_batch": m.c0,

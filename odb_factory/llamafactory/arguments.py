@@ -218,6 +218,38 @@ def settle_stage(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
                                        "rows, one per pair")
 
 
+def stage_step_refusal(stage: str, mode: str) -> Optional[str]:
+    """Why stage `stage` cannot train in `odb_step: mode` (None: it can)."""
+    refusal = step_mode(mode).pairs_refusal() if stage in PAIRWISE_STAGES else None
+    if refusal is None:
+        return None
+    return f"odb_step: {mode}: stage {stage} trains the fixed-batch run's steps (odb_step: samples); {refusal}"
+
+
+def stage_padding_free_refusal(stage: str) -> Optional[str]:
+    """Why stage `stage` cannot train padding-free rows (None: it can)."""
+    if stage not in PAIRWISE_STAGES:
+        return None
+    return (f"odb_padding_free: true: stage {stage} reads a batch as its chosen rows, then its rejected rows; "
+            "set odb_padding_free: auto or false")
+
+
+def stage_problems(odb: ODBRunOptions, stage: str) -> List[str]:
+    """What stage `stage` rules out of these options (the dry run asks it of a recipe that
+    does not turn ODB on, as the run would with odb_enable: true)."""
+    padding_free = stage_padding_free_refusal(stage) if odb.adapter.padding_free == "true" else None
+    return [p for p in (stage_step_refusal(stage, odb.config.step_mode), padding_free) if p is not None]
+
+
+def packing_problem(raw: Mapping[str, Any]) -> Optional[str]:
+    """Why the recipe's packing cannot run with ODB (None: it does not pack)."""
+    if not (raw.get("packing") or raw.get("neat_packing")):
+        return None
+    return ("packing/neat_packing: ODB forms token-budgeted groups itself (packing would re-batch its groups, "
+            "and packing has open bugs with Qwen3-VL); set packing: false, and odb_padding_free: true to "
+            "train each group without padding")
+
+
 def check_compatible(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
     """Reject settings ODB cannot honour, with the reason. Works on the raw YAML keys so it
     runs before LLaMA-Factory builds TrainingArguments (and with it the process group)."""
@@ -228,19 +260,10 @@ def check_compatible(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
         raise ValueError(f"odb_enable: true applies to stage {list(SUPPORTED_STAGES)}; this run has stage "
                          f"'{stage}'. Set odb_enable: false (or remove the odb_* keys), or use stage: sft, pt "
                          "or dpo")
-    problems = []
-    if stage in PAIRWISE_STAGES:
-        refusal = step_mode(odb.config.step_mode).pairs_refusal()
-        if refusal is not None:
-            problems.append(f"odb_step: {odb.config.step_mode}: stage {stage} trains the fixed-batch run's "
-                            f"steps (odb_step: samples); {refusal}")
-        if odb.adapter.padding_free == "true":
-            problems.append(f"odb_padding_free: true: stage {stage} reads a batch as its chosen rows, then "
-                            "its rejected rows; set odb_padding_free: auto or false")
-    if raw.get("packing") or raw.get("neat_packing"):
-        problems.append("packing/neat_packing: ODB forms token-budgeted groups itself (packing would "
-                        "re-batch its groups, and packing has open bugs with Qwen3-VL); set packing: false, "
-                        "and odb_padding_free: true to train each group without padding")
+    problems = stage_problems(odb, stage)
+    packing = packing_problem(raw)
+    if packing:
+        problems.append(packing)
     for loss in ("use_dft_loss", "use_eaft_loss", "use_asft_loss"):
         if raw.get(loss) and odb.config.loss_scaling != "none":
             problems.append(f"{loss}: it replaces the loss function ODB weights to reproduce the "

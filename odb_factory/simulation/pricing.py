@@ -21,7 +21,9 @@ from .step_model import StepModel
 
 
 class SampleArrays(Protocol):
-    """Per-sample numbers a schedule is priced on (a benchmark `Profile`, or a plan's rows)."""
+    """Per-sample numbers a schedule is priced on (a benchmark `Profile`, or a plan's rows).
+    Optional: `rows_per_sample` (default 1), the equal rows one sample is trained as (a dpo
+    pair: 2, its chosen and rejected rows, each half its tokens)."""
     tokens: np.ndarray      # LLM input tokens (vision tokens included)
     images: np.ndarray      # images per sample
     patches: np.ndarray     # vision patches per sample (before the spatial merge)
@@ -49,6 +51,7 @@ class Features:
     extra: dict = field(default_factory=dict)
     # how a packed row attends (PACKED_ATTENTIONS): per sample, or one dense block-causal mask
     packed_attention: str = "segments"
+    rows_per_sample: int = 1  # SampleArrays.rows_per_sample
 
     @property
     def steps(self) -> int:
@@ -61,10 +64,11 @@ class Features:
     def attention_sq(self) -> np.ndarray:
         """Attention work in token² units, as the attention that runs computes it: a padded
         batch n · max_len²; a packed row Σ len² per sample (flash varlen, per-segment sdpa) or
-        (Σ len)² (sdpa/eager over transformers' dense block-causal mask)."""
+        (Σ len)² (sdpa/eager over transformers' dense block-causal mask). A sample of k rows
+        attends within each row: its len² counts len² / k."""
         if self.cost_mode != "packed":
-            return self.n * self.max_len ** 2
-        return self.sum_len ** 2 if self.packed_attention == "mask" else self.sum_sq
+            return self.n * self.max_len ** 2 / self.rows_per_sample
+        return self.sum_len ** 2 if self.packed_attention == "mask" else self.sum_sq / self.rows_per_sample
 
 
 PACKED_ATTENTIONS = ("segments", "mask")
@@ -97,7 +101,7 @@ def features(s: Schedule, p: SampleArrays, packed_attention: str = "segments") -
                     reduce(p.images, np.add), reduce(p.patches, np.add), reduce(p.patch_sq, np.add),
                     flat, starts, nonempty, s.note,
                     {**s.extra, **({"step_ends": s.step_ends} if s.step_ends is not None else {})},
-                    packed_attention)
+                    packed_attention, int(getattr(p, "rows_per_sample", 1)))
 
 
 @dataclass
@@ -158,6 +162,13 @@ def encoder_stage_seconds(f: Features, p: SampleArrays, m: StepModel) -> np.ndar
     return out
 
 
+def sample_seconds(m: StepModel, p: SampleArrays, rows_per_sample: int) -> np.ndarray:
+    """Each sample alone on a rank (`StepModel.sample_seconds`, its k rows attending apart)."""
+    length = p.tokens.astype(np.float64)
+    return m.llm_seconds(length, length * length / rows_per_sample) + m.vision_seconds(p.images, p.patches,
+                                                                                        p.patch_sq)
+
+
 def evaluate(f: Features, p: SampleArrays, m: StepModel) -> Result:
     if f.world != m.world:
         raise ValueError(f"{f.method}: schedule for {f.world} ranks, step model for {m.world}")
@@ -174,7 +185,7 @@ def evaluate(f: Features, p: SampleArrays, m: StepModel) -> Result:
     step_max = rank_s.max(axis=1) if f.steps else np.zeros(0)
     step_mean = rank_s.mean(axis=1) if f.steps else np.zeros(0)
     # Per-step lower bound: perfect spread of the step's work, or its costliest sample alone.
-    solo = m.sample_seconds(p.tokens, p.patches, p.patch_sq, p.images)
+    solo = sample_seconds(m, p, f.rows_per_sample)
     cell_solo = np.zeros(f.steps * f.world)
     if f.flat.size:
         cell_solo[f.cell] = np.maximum.reduceat(solo[f.flat], f.starts)
@@ -188,7 +199,8 @@ def evaluate(f: Features, p: SampleArrays, m: StepModel) -> Result:
     samples = int(f.n.sum())
     real = float(f.sum_len.sum())
     padded = float(tokens[busy].sum())
-    useful = float((m.token_cost(p.tokens[f.flat]).sum()
+    lengths = p.tokens[f.flat].astype(np.float64)
+    useful = float(((m.a * lengths + m.b * lengths * lengths / f.rows_per_sample).sum()
                     + m.vision_seconds(p.images[f.flat], p.patches[f.flat], p.patch_sq[f.flat]).sum())
                    / f.world)
     padded_s = float((m.a * tokens[busy].sum() + m.b * sq[busy].sum() + vision.sum()) / f.world)

@@ -4,7 +4,9 @@ Per rank and micro-batch (every term is documented with its source in bench/READ
 
     LLM     t = c0 + a * T + b * S2        T  = padded tokens (n * max_len) for padded batches,
                                               real tokens (sum l) for packed ones
-                                           S2 = n * max_len**2 (padded) or sum l**2 (packed)
+                                           S2 = n * max_len**2 (padded) or sum l**2 (packed);
+                                              a sample of k rows of l/k tokens each (a dpo
+                                              pair: k = 2) counts l**2 / k
     vision  t = sum over images (v0 + va * P + vb * P**2)     P = patches of the image
     step    = max over ranks (LLM + vision) + gradient reduce-scatter      (every micro-step)
             + parameter all-gather + optimizer update                     (every optimizer step)
@@ -155,9 +157,12 @@ class StepModel:
         return replace(self, a=self.a * f, b=self.b * f, va=self.va * f, vb=self.vb * f)
 
 
+REFERENCE_MODELS = ("none", "shared", "copy")
+
+
 def build_step_model(model: ModelSpec, hw: Hardware, mode: str = "full",
                      mfu: float = DEFAULT_MFU, gradient_checkpointing: bool = True,
-                     overlap_comm: float = 0.0) -> StepModel:
+                     overlap_comm: float = 0.0, reference_model: str = "none") -> StepModel:
     """Coefficients from specs.
 
     mode: "full" (every LLM weight trained; vision tower and merger frozen, LLaMA-Factory's
@@ -167,26 +172,35 @@ def build_step_model(model: ModelSpec, hw: Hardware, mode: str = "full",
     full FT) and divides activation memory per token by roughly the layer count.
     overlap_comm: fraction of the gradient reduce-scatter hidden behind backward (0: the
     LLaMA-Factory ds_z2 config sets overlap_comm false).
+    reference_model: a preference loss's reference (stage dpo) runs one more forward, without
+    gradients, over every micro-batch: "shared" is the trained model with its LoRA adapters
+    off (LLaMA-Factory's LoRA default), "copy" a frozen bf16 copy of the weights besides (full
+    and freeze fine-tuning), "none" no reference (every other stage, and the orpo/simpo losses).
     """
     if mode not in ("full", "lora"):
         raise ValueError(f"mode must be 'full' or 'lora', got {mode!r}")
     if not 0 < mfu <= 1:
         raise ValueError(f"mfu must be in (0, 1], got {mfu!r}")
+    if reference_model not in REFERENCE_MODELS:
+        raise ValueError(f"reference_model must be one of {list(REFERENCE_MODELS)}, got {reference_model!r}")
+    ref = 0 if reference_model == "none" else 1
     rate = hw.peak_flops * mfu
     gc = 1 if gradient_checkpointing else 0
     # Forward = 1 unit; backward = 2 units with weight gradients (full) or 1 without (LoRA);
     # gradient checkpointing recomputes the forward once more.
-    dense_mult = (1 + 2 + gc) if mode == "full" else (1 + 1 + gc)
+    # A reference model adds one forward.
+    dense_mult = (1 + 2 + gc + ref) if mode == "full" else (1 + 1 + gc + ref)
     a = dense_mult * 2 * model.llm_compute_params / rate
     # Causal attention forward: QK^T and AV, 2 FLOPs per MAC, half the matrix: 2*L*d per l**2.
     # Backward of (flash) attention ~2x forward, plus the recomputed forward.
-    attn_mult = 1 + 2 + gc
+    attn_mult = 1 + 2 + gc + ref
     b = attn_mult * 2 * model.llm_layers * model.attn_dim / rate
-    # Frozen vision tower: forward only, full (non-causal) attention inside each image.
-    va = 2 * model.vision_params / rate
-    vb = 4 * model.vision_layers * model.vision_width / rate
-    v0 = model.vision_layers * KERNELS_PER_LAYER_PASS * KERNEL_LAUNCH_S / 4  # per-image share
-    passes = 4 if gradient_checkpointing else 3
+    # Frozen vision tower: forward only (and the reference's), full (non-causal) attention
+    # inside each image.
+    va = (1 + ref) * 2 * model.vision_params / rate
+    vb = (1 + ref) * 4 * model.vision_layers * model.vision_width / rate
+    v0 = (1 + ref) * model.vision_layers * KERNELS_PER_LAYER_PASS * KERNEL_LAUNCH_S / 4  # per-image share
+    passes = (4 if gradient_checkpointing else 3) + ref
     c0 = model.llm_layers * KERNELS_PER_LAYER_PASS * passes * KERNEL_LAUNCH_S + FRAMEWORK_S
     world = hw.world
     trainable = model.llm_params if mode == "full" else model.lora_params
@@ -198,6 +212,8 @@ def build_step_model(model: ModelSpec, hw: Hardware, mode: str = "full",
         static = 2 * model.total_params + (2 + 12) * trainable / world + ZERO_BUCKETS + FRAMEWORK_RESERVE
     else:
         static = 2 * model.total_params + 16 * trainable + FRAMEWORK_RESERVE
+    if reference_model == "copy":
+        static += 2 * model.total_params
     # Activations per token: checkpointed layer inputs (bf16), one layer's recompute working
     # set (~34 * hidden bytes with flash attention), and the logits path (bf16 logits, fp32
     # upcast, fp32 log-softmax saved for backward: ~12 bytes per vocab entry).
@@ -205,6 +221,9 @@ def build_step_model(model: ModelSpec, hw: Hardware, mode: str = "full",
         per_token = model.llm_layers * model.hidden * 2 + 34 * model.hidden + 12 * model.vocab
     else:
         per_token = model.llm_layers * 34 * model.hidden + 12 * model.vocab
+    # The reference's forward runs after the policy's, whose activations are still held: one
+    # layer's working set and its own logits path on top.
+    per_token += ref * (34 * model.hidden + 12 * model.vocab)
     per_patch = 34 * model.vision_width  # frozen tower: no saved activations, one layer live
     return StepModel(name=f"{model.name} {mode} {hw.name}", world=world,
                      ranks_per_node=hw.gpus_per_node, c0=c0, a=a, b=b, v0=v0, va=va, vb=vb,
