@@ -399,7 +399,7 @@ CONTRACT: tuple = (
           "looks _get_preprocessed_dataset up in the module at call time", uses=("_get_preprocessed_dataset",)),
     Entry("llamafactory", "llamafactory.data.loader:_get_dataset_processor",
           "patches/odb_factory_patches/llamafactory_data_loader.py",
-          "builds the SupervisedDatasetProcessor the lazy dataset runs per sample",
+          "builds the stage's dataset processor (pretrain, supervised, pairwise) the lazy dataset runs per sample",
           params=("data_args", "stage", "template", "tokenizer", "processor", "do_generate")),
     Entry("llamafactory", "llamafactory.data.loader:_get_merged_dataset", "odb_factory/dry_run/pipeline.py",
           "the dry run loads and merges the recipe's data sets as get_dataset does, without preprocessing",
