@@ -65,7 +65,11 @@ class ODBConfig:
     token_budget: int = option(
         4096, "`L_max`: tokens of one group (micro-batch) per rank. A group costs "
         "`n·roundup(max_len)` (padded) or `Σ len` (packed); larger budgets mean fewer, fuller "
-        "steps until memory or step time dominates.", agree=True, minimum=1)
+        "steps until memory or step time dominates. With LLaMA-Factory, `auto` (the default): "
+        "1024 in `odb_step: samples` on CPU, where packed rows past ~1,100 tokens cost more per "
+        "token (docs/padding_free.md) and the budget cannot change the model; 4096 otherwise "
+        "(in `groups` mode the budget makes the optimizer steps, so it does not follow the "
+        "device). The start-up log says which.", agree=True, minimum=1, lf_default="auto")
     join: bool = option(
         True, "true: every index of every rank's view is trained exactly once per epoch "
         "(drained ranks idle); false: ranks never run dry and the epoch ends after exactly "

@@ -33,7 +33,8 @@ def test_yaml_keys_are_derived_from_the_declarations():
     assert "seed" not in lf_keys() and "gradient_accumulation_steps" not in lf_keys()  # LLaMA-Factory's own
     assert not set(ADAPTER_KEYS) & set(lf_keys()), "an adapter option shadows an engine option"
     assert sorted(all_keys()) == sorted("odb_" + k for k in list(ADAPTER_KEYS) + list(lf_keys()))
-    assert lf_defaults() == {"num_collate_workers": 1, "step_mode": "samples", "loss_scaling": "standard"}
+    assert lf_defaults() == {"token_budget": "auto", "num_collate_workers": 1, "step_mode": "samples",
+                             "loss_scaling": "standard"}
 
 
 def test_rank_agreement_and_resume_checks_cover_the_declared_fields():
@@ -89,6 +90,24 @@ def test_yaml_strings_become_their_types_and_adapter_defaults_apply():
     assert run.config.token_budget == 8192 and run.config.sync_timeout_s == 60.0
     assert run.config.num_collate_workers == 1            # the adapter's declared default
     assert run.value_of("odb_collate_workers") == 1 and run.value_of("odb_enable") is True
+
+
+@pytest.mark.parametrize("keys, on_cpu, budget, reason", [
+    ({}, True, 1024, "odb_step: samples on CPU"),
+    ({"odb_token_budget": "AUTO"}, True, 1024, "odb_step: samples on CPU"),
+    ({}, False, 4096, "odb_step: samples on an accelerator"),
+    ({"odb_step": "groups"}, True, 4096, "odb_step: groups (the budget makes the optimizer steps"),
+    ({"odb_token_budget": 2048}, True, 2048, ""),
+    ({"odb_token_budget": "8192", "odb_step": "groups"}, False, 8192, ""),
+])
+def test_token_budget_auto_follows_the_device_only_in_samples_mode(keys, on_cpu, budget, reason):
+    run = parse_odb_arguments({"odb_enable": True, **keys})
+    explicit = "odb_token_budget" in keys and str(keys["odb_token_budget"]).lower() != "auto"
+    assert run.value_of("odb_token_budget") == (budget if explicit else "auto")
+    assert run.decide_token_budget(on_cpu) == budget == run.config.token_budget
+    assert run.value_of("odb_token_budget") == budget
+    assert reason in run.token_budget_reason and bool(run.token_budget_reason) == (not explicit)
+    assert run.decide_token_budget(not on_cpu) == budget  # settled once
 
 
 def test_unknown_yaml_key_names_the_closest():

@@ -146,6 +146,7 @@ def make_plan(a: argparse.Namespace) -> dict:
             "gradient_accumulation_steps": r.accumulation, "num_train_epochs": args.num_train_epochs,
             "max_steps": args.max_steps, "cutoff_len": data_args.cutoff_len,
             "odb_enable": r.odb_enabled, "odb_step": cfg.step_mode, "odb_token_budget": cfg.token_budget,
+            "odb_token_budget_reason": r.odb.token_budget_reason,
             "odb_cost_mode": cfg.cost_mode, "odb_buffer_size": cfg.buffer_size, "odb_join": cfg.join,
             "odb_padding_free": bool(r.odb.padding_free), "odb_padding_free_reason": r.odb.padding_free_reason,
             "packed_attention": attention,

@@ -124,6 +124,7 @@ def parse(path: Path, overrides: Sequence[str] = ()) -> Recipe:
     odb = run.options if run is not None else arguments.parse_odb_arguments({})
     enabled = run is not None and run.enabled
     arguments.settle_stage(odb, raw)  # what the stage decides, as for a run with odb_enable: true
+    odb.decide_token_budget(on_cpu=False)  # the dry run prices GPUs (the step model's H20)
     # the recipe's accumulation (a samples-mode run hands it to ODB: HF accumulates over 1)
     accumulation = (run.step_mode.engine_accumulation(odb.config, training_args.gradient_accumulation_steps)
                     if enabled else training_args.gradient_accumulation_steps)

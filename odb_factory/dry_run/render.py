@@ -56,7 +56,8 @@ def text(plan: dict) -> str:
     out.append(f"  stage {s['stage']}, world size {s['world_size']}, batch {s['per_device_train_batch_size']}{unit} "
                f"x accumulation {s['gradient_accumulation_steps']}, {epochs}, cutoff_len {s['cutoff_len']}")
     enabled = "" if s["odb_enable"] else " (the recipe does not enable ODB: its odb_* settings or the defaults)"
-    out.append(f"  odb_step {s['odb_step']}, odb_token_budget {s['odb_token_budget']}, odb_cost_mode "
+    auto = " (auto: the value on an accelerator)" if s.get("odb_token_budget_reason") else ""
+    out.append(f"  odb_step {s['odb_step']}, odb_token_budget {s['odb_token_budget']}{auto}, odb_cost_mode "
                f"{s['odb_cost_mode']}, odb_buffer_size {s['odb_buffer_size']}, padding to a multiple of "
                f"{s['pad_to_multiple_of']}{enabled}")
     groups = "padding-free" if s["odb_padding_free"] else "padded"

@@ -18,9 +18,13 @@ SUPPORTED_STAGES = ("sft", "pt", "dpo")
 DATA_STAGES = MappingProxyType({"sft": "sft", "pt": "pt", "dpo": "rm"})
 # stages whose samples are chosen/rejected pairs, laid out as two padded rows each
 PAIRWISE_STAGES = ("dpo",)
-PADDING_FREE_CHOICES = ("auto", "true", "false")
+AUTO = "auto"
+PADDING_FREE_CHOICES = (AUTO, "true", "false")
 PACKED_ATTENTIONS = ("segments", "mask")
 BALANCE_STAGES = ("llm", "vision", "audio")
+# `odb_token_budget: auto` in samples mode on CPU: packed rows past ~1,100 tokens cost more per
+# token there (bench/reference/batching-ceiling-2026-12-05, docs/padding_free.md)
+CPU_SAMPLES_TOKEN_BUDGET = 1024
 
 
 @dataclass
@@ -89,6 +93,29 @@ class ODBRunOptions:
     # `odb_padding_free` decided (None: `auto`, until the model is known) and why
     padding_free: Optional[bool] = None
     padding_free_reason: str = ""
+    # `odb_token_budget: auto` waiting for the device (config.token_budget holds the engine's
+    # default until then), and why the value it settled on
+    token_budget_auto: bool = False
+    token_budget_reason: str = ""
+
+    def decide_token_budget(self, on_cpu: bool) -> int:
+        """Settle `odb_token_budget: auto` for a run on CPU or an accelerator (once; an explicit
+        value stands): in `samples` mode the budget only cuts the fixed-batch run's steps into
+        micro-batches, so it may follow the device; in `groups` mode it makes the steps."""
+        if self.token_budget_auto:
+            budget = self.config.token_budget
+            if self.config.step_mode == "samples" and on_cpu:
+                budget = CPU_SAMPLES_TOKEN_BUDGET
+                self.token_budget_reason = ("odb_token_budget: auto, odb_step: samples on CPU, where a packed row "
+                                            "past ~1,100 tokens costs more per token; the model is the same")
+            elif self.config.step_mode == "samples":
+                self.token_budget_reason = "odb_token_budget: auto, odb_step: samples on an accelerator"
+            else:
+                self.token_budget_reason = ("odb_token_budget: auto, odb_step: groups (the budget makes the "
+                                            "optimizer steps, so it does not follow the device)")
+            self.config = dataclasses.replace(self.config, token_budget=budget)
+            self.token_budget_auto = False
+        return self.config.token_budget
 
     def decide_padding_free(self, model_type: Optional[str], flash_attention: bool) -> bool:
         """Settle `odb_padding_free: auto` for a model of this type (once; an explicit value or
@@ -120,6 +147,8 @@ class ODBRunOptions:
             return getattr(self.adapter, name)
         if name == "balance":
             return self.config.balance or self.vision_stage or self.audio_stage
+        if name == "token_budget" and self.token_budget_auto:
+            return AUTO
         return getattr(self.config, lf_keys()[name])
 
 
@@ -160,9 +189,14 @@ def parse_odb_arguments(values: Mapping[str, Any]) -> ODBRunOptions:
     engine_values["balance"] = requested and "llm" in adapter.balance_stages
     if adapter.padding_free == "true":
         engine_values = padding_free_costs(engine_values)
-    config = typed_dataclass(ODBConfig, engine_values, base=lf_defaults(), key_of=key_of)
+    # `auto` is the adapter's; the engine gets its own default until the device decides
+    base = dict(lf_defaults())
+    budget_auto = str(engine_values.get("token_budget", base.pop("token_budget"))).strip().lower() == AUTO
+    if budget_auto:
+        engine_values.pop("token_budget", None)
+    config = typed_dataclass(ODBConfig, engine_values, base=base, key_of=key_of)
     odb = ODBRunOptions(adapter, config, vision_stage=requested and "vision" in adapter.balance_stages,
-                        audio_stage=requested and "audio" in adapter.balance_stages)
+                        audio_stage=requested and "audio" in adapter.balance_stages, token_budget_auto=budget_auto)
     decided = auto_padding_free_without_model(odb, engine_values)
     if decided is not None:
         odb.padding_free, odb.padding_free_reason = decided

@@ -77,6 +77,10 @@ class ODBTrainerMixin:
         if refusal is not None:  # a hub model id, not checked at parse time
             raise ValueError(refusal)
         self._odb_packed_attention = self._odb_choose_padding_free(model)
+        # before the loader exists: it plans with the budget
+        budget = self._odb.decide_token_budget(on_cpu=self.args.device.type == "cpu")
+        if self._odb.token_budget_reason:
+            logger.info("ODB: odb_token_budget %d (%s)", budget, self._odb.token_budget_reason)
         if self._odb.vision_stage or self._odb.audio_stage:
             self._odb_callback.encoder_stages.balancers = self._odb_balance_encoder_stages()
         self._odb_mode.describe(self.args.per_device_train_batch_size, self._odb_mode.engine_accumulation(

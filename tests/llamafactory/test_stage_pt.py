@@ -38,7 +38,9 @@ def _yaml(model, data, out, **extra):
 def test_pt_samples_mode_trains_the_standard_model(tmp_path, text_model, pt_data):
     std, odb, audit = tmp_path / "standard", tmp_path / "odb", tmp_path / "audit"
     train(_yaml(text_model, pt_data, std, packing=False), nproc=2)
-    train(_yaml(text_model, pt_data, odb, odb_enable=True, odb_token_budget=512, odb_audit_dir=str(audit)), nproc=2)
+    # the default budget (auto) on CPU
+    proc = train(_yaml(text_model, pt_data, odb, odb_enable=True, odb_audit_dir=str(audit)), nproc=2)
+    assert "ODB: odb_token_budget 1024 (odb_token_budget: auto, odb_step: samples on CPU" in proc.stdout + proc.stderr
     assert_trains_the_standard_model(std, odb, REL)
     rows = ledger(audit)
     assert any(r["micro_steps"] < 4 for r in rows), "nothing was packed"
