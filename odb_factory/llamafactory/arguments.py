@@ -22,9 +22,6 @@ AUTO = "auto"
 PADDING_FREE_CHOICES = (AUTO, "true", "false")
 PACKED_ATTENTIONS = ("segments", "mask")
 BALANCE_STAGES = ("llm", "vision", "audio")
-# `odb_token_budget: auto` in samples mode on CPU: packed rows past ~1,100 tokens cost more per
-# token there (bench/reference/batching-ceiling-2026-12-05, docs/padding_free.md)
-CPU_SAMPLES_TOKEN_BUDGET = 1024
 
 
 @dataclass
@@ -99,20 +96,11 @@ class ODBRunOptions:
     token_budget_reason: str = ""
 
     def decide_token_budget(self, on_cpu: bool) -> int:
-        """Settle `odb_token_budget: auto` for a run on CPU or an accelerator (once; an explicit
-        value stands): in `samples` mode the budget only cuts the fixed-batch run's steps into
-        micro-batches, so it may follow the device; in `groups` mode it makes the steps."""
+        """Settle `odb_token_budget: auto` for a run on CPU or an accelerator, as the step mode
+        says (once; an explicit value stands)."""
         if self.token_budget_auto:
-            budget = self.config.token_budget
-            if self.config.step_mode == "samples" and on_cpu:
-                budget = CPU_SAMPLES_TOKEN_BUDGET
-                self.token_budget_reason = ("odb_token_budget: auto, odb_step: samples on CPU, where a packed row "
-                                            "past ~1,100 tokens costs more per token; the model is the same")
-            elif self.config.step_mode == "samples":
-                self.token_budget_reason = "odb_token_budget: auto, odb_step: samples on an accelerator"
-            else:
-                self.token_budget_reason = ("odb_token_budget: auto, odb_step: groups (the budget makes the "
-                                            "optimizer steps, so it does not follow the device)")
+            budget, self.token_budget_reason = step_mode(self.config.step_mode).auto_token_budget(
+                on_cpu, self.config.token_budget)
             self.config = dataclasses.replace(self.config, token_budget=budget)
             self.token_budget_auto = False
         return self.config.token_budget

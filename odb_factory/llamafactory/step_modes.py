@@ -36,6 +36,9 @@ logger = logging.getLogger("odb_factory")
 # corrects it as samples are consumed): a padded group's real tokens over its padded cost,
 # typical of the length-sorted groups the planner forms. A packed group costs its real tokens.
 PADDED_GROUP_FILL = 0.8
+# `odb_token_budget: auto` in samples mode on CPU: packed rows past ~1,100 tokens cost more per
+# token there (bench/reference/batching-ceiling-2026-12-05, docs/padding_free.md)
+CPU_SAMPLES_TOKEN_BUDGET = 1024
 
 
 def token_sum_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
@@ -130,6 +133,11 @@ class StepMode:
         """gradient_accumulation_steps of the engine's configuration."""
         raise NotImplementedError
 
+    def auto_token_budget(self, on_cpu: bool, default: int) -> Tuple[int, str]:
+        """(budget, why) for `odb_token_budget: auto` on CPU or an accelerator (`default`: the
+        engine's budget)."""
+        raise NotImplementedError
+
     def standard_steps(self, trainer: Any) -> Optional[Callable[[int], List[StandardStep]]]:
         """The fixed-batch run's optimizer steps per epoch, for the engine (None: not used)."""
         return None
@@ -192,6 +200,13 @@ class SamplesMode(StepMode):
 
     def engine_accumulation(self, config: ODBConfig, hf_accumulation: int) -> int:
         return config.gradient_accumulation_steps  # the recipe's, kept by the parser (HF's is 1)
+
+    def auto_token_budget(self, on_cpu: bool, default: int) -> Tuple[int, str]:
+        # the budget only cuts the fixed-batch run's steps into micro-batches: it may follow the device
+        if on_cpu:
+            return CPU_SAMPLES_TOKEN_BUDGET, ("odb_token_budget: auto, odb_step: samples on CPU, where a packed "
+                                              "row past ~1,100 tokens costs more per token; the model is the same")
+        return default, "odb_token_budget: auto, odb_step: samples on an accelerator"
 
     def standard_steps(self, trainer: Any) -> Callable[[int], List[StandardStep]]:
         return trainer._odb_standard_steps
@@ -266,6 +281,10 @@ class GroupsMode(StepMode):
 
     def engine_accumulation(self, config: ODBConfig, hf_accumulation: int) -> int:
         return hf_accumulation
+
+    def auto_token_budget(self, on_cpu: bool, default: int) -> Tuple[int, str]:
+        return default, ("odb_token_budget: auto, odb_step: groups (the budget makes the optimizer steps, "
+                         "so it does not follow the device)")
 
     def epoch_extent(self, trainer: Any, config: ODBConfig, dataset_size: int) -> Tuple[int, int]:
         return (config.quota if (not config.join and config.quota) else dataset_size), 0

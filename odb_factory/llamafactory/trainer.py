@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import sys
 from types import MappingProxyType
 from typing import Any, List, Optional
 
@@ -38,6 +39,18 @@ PACKED_ATTENTION_WORDS = MappingProxyType({
 ODB_INPUT_TOKENS = "odb_input_tokens"
 
 
+def show_odb_log(main_process: bool) -> None:
+    """Print the `odb_factory` logger's lines in the run's output, formatted as LLaMA-Factory's
+    own (without a handler Python shows its warnings only, unformatted): its info lines on the
+    main process, warnings on every rank."""
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("[%(levelname)s|%(asctime)s] %(name)s:%(lineno)s >> %(message)s",
+                                               "%Y-%m-%d %H:%M:%S"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO if main_process else logging.WARNING)
+
+
 def _token_id(model_config: Any, kind: str) -> Optional[int]:
     """The model's `kind` (image, video, audio) placeholder token id: `<kind>_token_id`, or
     `<kind>_token_index` as the Omni configs name it."""
@@ -53,6 +66,7 @@ class ODBTrainerMixin:
 
     def __init__(self, *args, odb_run: ODBRun, **kwargs):
         super().__init__(*args, **kwargs)
+        show_odb_log(self.args.should_log)
         self.odb_run = odb_run
         self._odb = odb_run.options
         self._odb_mode = odb_run.step_mode
