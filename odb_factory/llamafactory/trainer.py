@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import sys
 from types import MappingProxyType
 from typing import Any, List, Optional
 
@@ -40,14 +39,12 @@ ODB_INPUT_TOKENS = "odb_input_tokens"
 
 
 def show_odb_log(main_process: bool) -> None:
-    """Print the `odb_factory` logger's lines in the run's output, formatted as LLaMA-Factory's
-    own (without a handler Python shows its warnings only, unformatted): its info lines on the
+    """Print the `odb_factory` logger's lines where LLaMA-Factory prints its own, through its
+    handlers (without a handler Python shows warnings only, unformatted): info lines on the
     main process, warnings on every rank."""
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("[%(levelname)s|%(asctime)s] %(name)s:%(lineno)s >> %(message)s",
-                                               "%Y-%m-%d %H:%M:%S"))
-        logger.addHandler(handler)
+    for handler in logging.getLogger("llamafactory").handlers:
+        if handler not in logger.handlers:
+            logger.addHandler(handler)
     logger.setLevel(logging.INFO if main_process else logging.WARNING)
 
 
