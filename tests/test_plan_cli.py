@@ -73,7 +73,7 @@ def runs(tiny_model, demo_data, tmp_path_factory):
     recipe = _recipe(tiny_model, demo_data, tmp)
     full = _plan(tmp / "full", str(recipe), "--world-size", str(WORLD), "--json", str(tmp / "plan.json"))
     sampled = _plan(tmp / "sampled", str(recipe), "--world-size", str(WORLD), "--rows", "40", "--json", "-",
-                    "--workers", "1", "odb_padding_free=auto")
+                    "--workers", "1", "odb_padding_free=auto", "odb_token_budget=auto")
     try:
         lengths = _eager_lengths(tiny_model, demo_data, tmp / "eager")
     except BaseException:
@@ -164,6 +164,9 @@ def test_sampled_rows_plan_the_whole_epoch(runs):
     assert (settings["odb_padding_free"], settings["odb_cost_mode"], settings["packed_attention"]) == \
         (True, "packed", "segments")
     assert "'qwen3_vl' trains packed rows" in settings["odb_padding_free_reason"]
+    # auto budget: the dry run prices GPUs, so it plans the accelerator's budget (a CPU run's is 1024)
+    assert settings["odb_token_budget"] == 4096
+    assert settings["odb_token_budget_reason"] == "odb_token_budget: auto, odb_step: samples on an accelerator"
     # the cut rows listed are measured ones, with their own numbers
     for row in plan["cut_by_cutoff_len"]["first"]:
         assert eager_lengths[row] > CUTOFF
