@@ -20,7 +20,7 @@ Methods, one epoch each over the same training split, batch 1 per device × `--a
   Standard                   LLaMA-Factory as it is
   Standard, batch = accum.   the same samples per optimizer step as one padded micro-batch per rank
   ODB default                `odb_enable: true` and nothing else (auto: padding-free rows, per-segment attention,
-                             odb_token_budget 1024 on CPU)
+                             odb_token_budget 1024 on CPU, logits at the supervised positions only)
   ODB default, eager         the same with `odb_lazy_preprocess: false`: rows tokenised before training, as
                              Standard's are (train_runtime then leaves the tokenisation out for both)
   ODB padded                 `odb_padding_free: false` (padded token-budgeted micro-batches)
@@ -28,6 +28,8 @@ Methods, one epoch each over the same training split, batch 1 per device × `--a
   ODB default, budget 4096   `odb_token_budget: 4096`, the accelerator's (and, before `auto`, every run's) budget:
                              one packed row a step on long rows (bench.batching_ceiling: past ~1,100 tokens a
                              packed row's per-token time grows on this CPU)
+  ODB default, all logits    `odb_supervised_logits: false`: logits at every position, as Standard computes them
+                             (the control that isolates what leaving out the prompt positions' logits saves)
   ODB padding-free + mask    `odb_padding_free: true`, `odb_packed_attention: mask` (transformers' dense block mask)
 All train the same samples in the same optimizer steps (the eval loss after them is printed to
 check it). Repeats interleave the methods in a seeded random order; throughput is train samples
@@ -71,6 +73,8 @@ METHODS = {"standard": ("Standard", {}),
            "odb_padded": ("ODB padded", {"odb_enable": True, "odb_padding_free": False}),
            "odb_budget_1024": ("ODB default, odb_token_budget: 1024", {"odb_enable": True, "odb_token_budget": 1024}),
            "odb_budget_4096": ("ODB default, odb_token_budget: 4096", {"odb_enable": True, "odb_token_budget": 4096}),
+           "odb_all_logits": ("ODB default, logits at every position", {"odb_enable": True,
+                                                                         "odb_supervised_logits": False}),
            "odb_mask": ("ODB padding-free + mask", {"odb_enable": True, "odb_padding_free": True,
                                                     "odb_packed_attention": "mask"})}
 LAYER_CONFIG = {"hidden_size": 256, "intermediate_size": 2048, "num_hidden_layers": 4, "num_attention_heads": 4,

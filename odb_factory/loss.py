@@ -10,6 +10,8 @@ the gradient of the global per-token mean: what one process would compute on all
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -43,10 +45,22 @@ def weighted_loss(step, logits: torch.Tensor, labels: torch.Tensor, ignore_index
     return weighted_token_sum(logits, labels, weights, ignore_index, shift)
 
 
+def supervised_positions(labels: torch.Tensor, ignore_index: int = -100, shift: bool = True) -> torch.Tensor:
+    """The positions whose logits the loss reads (1-D, ascending, the union over rows): those
+    whose next label (`shift`) or own label is supervised. A model called with these as
+    `logits_to_keep` computes no logits for prompt, image or padding positions, whose loss terms
+    are zero; at least one position is kept, so an all-prompt batch still has a graph."""
+    targets = F.pad(labels[..., 1:], (0, 1), value=ignore_index) if shift else labels
+    kept = targets.reshape(-1, targets.size(-1)).ne(ignore_index).any(dim=0).nonzero().squeeze(1)
+    return kept if kept.numel() else torch.zeros(1, dtype=torch.long, device=labels.device)
+
+
 def weighted_token_sum(logits: torch.Tensor, labels: torch.Tensor, row_weights: torch.Tensor,
-                       ignore_index: int = -100, shift: bool = True) -> torch.Tensor:
+                       ignore_index: int = -100, shift: bool = True,
+                       positions: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Σ_rows row_weights[r] · Σ_tokens CE over the supervised tokens of row r. Weights shaped
-    like `labels` weigh each token instead (a padding-free row holds several samples)."""
+    like `labels` weigh each token instead (a padding-free row holds several samples).
+    `positions`: the logits are those of these positions only (`supervised_positions`)."""
     per_token_weights = row_weights.dim() == labels.dim()
     if shift:
         # the labels move left, not the logits: slicing the logits' last position would copy
@@ -54,6 +68,10 @@ def weighted_token_sum(logits: torch.Tensor, labels: torch.Tensor, row_weights: 
         labels = F.pad(labels[..., 1:], (0, 1), value=ignore_index)
         if per_token_weights:
             row_weights = F.pad(row_weights[..., 1:], (0, 1))  # a label's weight is its own sample's
+    if positions is not None:
+        labels = labels[..., positions]
+        if per_token_weights:
+            row_weights = row_weights[..., positions]
     per_token = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
                                 ignore_index=ignore_index, reduction="none").view(labels.shape)
     if per_token_weights:

@@ -209,6 +209,35 @@ def test_weighted_token_sum_per_token_weights_weigh_each_tokens_loss(shift):
         assert weighted_token_sum(logits.float(), labels, weights, shift=shift).dtype == torch.float32
 
 
+@pytest.mark.parametrize("shift", [True, False])
+def test_supervised_positions_keep_exactly_the_logits_the_loss_reads(shift):
+    """Logits computed at `supervised_positions` only (a model's `logits_to_keep`) give the
+    same weighted sum as all logits, for row and per-token weights; every position left out
+    has no supervised label, every one kept has one in some row."""
+    import torch
+    from odb_factory.loss import supervised_positions, weighted_token_sum
+    logits, labels = _logits_and_labels()
+    positions = supervised_positions(labels, shift=shift)
+    targets = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100) if shift else labels
+    supervised = targets.ne(-100).any(dim=0)
+    assert positions.tolist() == supervised.nonzero().squeeze(1).tolist()
+    assert positions.tolist() == ([0, 1, 2, 3] if shift else [0, 1, 2, 3, 4])
+    row_weights = torch.tensor([0.25, 3.0], dtype=torch.float64)
+    per_token = torch.rand(labels.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    for weights in (row_weights, per_token):
+        expected = float(weighted_token_sum(logits, labels, weights, shift=shift))
+        kept = logits[:, positions]
+        assert float(weighted_token_sum(kept, labels, weights, shift=shift, positions=positions)) == \
+            pytest.approx(expected, rel=1e-12)
+    # nothing supervised: one position, whose loss term is zero, keeps the batch in the graph
+    nothing = torch.full_like(labels, -100)
+    assert supervised_positions(nothing, shift=shift).tolist() == [0]
+    kept = logits[:, :1].clone().requires_grad_()
+    total = weighted_token_sum(kept, nothing, row_weights, shift=shift, positions=torch.tensor([0]))
+    total.backward()
+    assert float(total.detach()) == 0.0 and kept.grad is not None
+
+
 def test_weighted_loss_uses_the_step_weights_and_keeps_idle_steps_in_the_graph():
     from types import SimpleNamespace
     import torch

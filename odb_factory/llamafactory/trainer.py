@@ -6,6 +6,7 @@ the run's `StepMode` (step_modes.py)."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
 from types import MappingProxyType
@@ -15,7 +16,7 @@ import torch
 
 from ..comm.topology import ranks_per_node
 from ..loader import ODBDataLoader
-from ..loss import weighted_token_sum
+from ..loss import supervised_positions, weighted_token_sum
 from ..planning.optimizer_steps import StandardStep
 from ..segment_attention import FLASH_IMPLEMENTATIONS, decoder_config, packed_attention
 from .arguments import model_refusal
@@ -88,6 +89,7 @@ class ODBTrainerMixin:
         if refusal is not None:  # a hub model id, not checked at parse time
             raise ValueError(refusal)
         self._odb_packed_attention = self._odb_choose_padding_free(model)
+        self._odb_supervised_logits = self._odb_choose_supervised_logits(model)
         # before the loader exists: it plans with the budget
         budget = self._odb.decide_token_budget(on_cpu=self.args.device.type == "cpu")
         if self._odb.token_budget_reason:
@@ -118,6 +120,17 @@ class ODBTrainerMixin:
         logger.info("ODB: padding-free groups (%s); packed rows attend %s", self._odb.padding_free_reason,
                     PACKED_ATTENTION_WORDS[attention])
         return attention
+
+    def _odb_choose_supervised_logits(self, model: Any) -> bool:
+        """`odb_supervised_logits`, where the model's forward takes `logits_to_keep` (PEFT
+        passes it through to its base model)."""
+        if not self._odb.adapter.supervised_logits or model is None:
+            return False
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if "logits_to_keep" not in inspect.signature(base.forward).parameters:
+            logger.info("ODB: logits at every position (%s.forward takes no logits_to_keep)", type(base).__name__)
+            return False
+        return True
 
     def _odb_resolve_loss_scaling(self) -> str:
         """`standard`: what this run's fixed-batch trainer computes. LLaMA-Factory sets
@@ -264,9 +277,13 @@ class ODBTrainerMixin:
         if weights is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         labels = inputs.pop("labels")
+        positions = supervised_positions(labels) if self._odb_supervised_logits else None
+        if positions is not None:
+            inputs["logits_to_keep"] = positions
         outputs = model(**inputs)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
-        loss = weighted_token_sum(logits.float(), labels.to(logits.device), weights.to(logits.device))
+        loss = weighted_token_sum(logits.float(), labels.to(logits.device), weights.to(logits.device),
+                                  positions=None if positions is None else positions.to(logits.device))
         return (loss, outputs) if return_outputs else loss
 
     def floating_point_ops(self, inputs):

@@ -2,7 +2,8 @@
 gradient from one packed row (pack_group on LLaMA-Factory's real collator output) equal those of
 the same samples padded, for Qwen3-VL, Qwen2.5-VL and Qwen3 (text, images, multi-image rows,
 video, rows cut at cutoff_len, a group without media) and a text-only Llama, under both packed
-attentions: transformers' block mask and per-segment sdpa (`odb_factory.segment_attention`)."""
+attentions: transformers' block mask and per-segment sdpa (`odb_factory.segment_attention`), and
+with logits at the supervised positions only (`odb_supervised_logits`, the trainer's loss)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ pytest.importorskip("llamafactory")
 
 from odb_factory.llamafactory.padding_free import (TOKEN_SAMPLE_KEY, pack_group,  # noqa: E402
                                                    padding_free_refusal, token_weights)
+from odb_factory.loss import supervised_positions, weighted_token_sum  # noqa: E402
 from odb_factory.segment_attention import SEGMENT_ATTENTION, decoder_config, packed_attention  # noqa: E402
 from tests.helpers import lf_runs  # noqa: E402
 
@@ -88,6 +90,23 @@ def _losses_and_grads(model, batch, sample_of_token, weights):
     return losses.detach(), grads
 
 
+def _supervised_logits_loss_and_grads(model, batch, sample_of_token, weights):
+    """The trainer's loss with `odb_supervised_logits`: logits at the supervised positions only,
+    each token weighed by its sample's weight (Σ weights·losses), and its gradients."""
+    model.zero_grad(set_to_none=True)
+    batch = dict(batch)
+    labels = batch.pop("labels")
+    batch.pop(TOKEN_SAMPLE_KEY, None)
+    positions = supervised_positions(labels)
+    assert len(positions) < labels.shape[-1]  # prompt positions left out
+    logits = model(**batch, logits_to_keep=positions).logits
+    assert logits.shape[-2] == len(positions)
+    per_token = torch.where(sample_of_token >= 0, weights[sample_of_token.clamp(min=0)], 0.0)
+    total = weighted_token_sum(logits, labels, per_token, positions=positions)
+    total.backward()
+    return total.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
 def assert_packed_equals_padded(model, collate, features, row_tokens=None):
     """The check itself: the same samples padded (LLaMA-Factory's batch) and packed."""
     import copy
@@ -124,6 +143,15 @@ def assert_packed_equals_padded(model, collate, features, row_tokens=None):
         for name, grad in grad_padded.items():
             scale = grad.abs().max().clamp(min=1e-300)
             assert float((grads[name] - grad).abs().max() / scale) <= RELATIVE, (attention, name)
+    # the trainer's loss with logits at the supervised positions only, packed and padded
+    for batch, owner in ((packed, packed[TOKEN_SAMPLE_KEY]), (padded, padded_owner)):
+        total, grads = _supervised_logits_loss_and_grads(model, _fp64(batch), owner, weights)
+        expected = (loss_padded * weights).sum()
+        assert torch.allclose(total, expected, rtol=RELATIVE, atol=0), ("supervised logits", total, expected)
+        assert grads.keys() == grad_padded.keys()
+        for name, grad in grad_padded.items():
+            scale = grad.abs().max().clamp(min=1e-300)
+            assert float((grads[name] - grad).abs().max() / scale) <= RELATIVE, ("supervised logits", name)
     decoder._attn_implementation = "sdpa"
     return packed
 
