@@ -129,7 +129,9 @@ def run_dir(root: Path, cell: str, method: str, repeat: int) -> Path:
     return root / f"{cell.replace(' ', '_').replace(',', '')}_{method}_r{repeat}"
 
 
-COLUMNS = ("micro_batches", "tokens", "sum_sq")
+# the step model's terms; logit_tokens: the positions the LM head computes (runs recorded
+# before it existed computed every position)
+COLUMNS = ("micro_batches", "tokens", "sum_sq", "logit_tokens")
 
 
 def optimizer_steps(method: str, out: Path, steps: int) -> List[dict]:
@@ -141,6 +143,7 @@ def optimizer_steps(method: str, out: Path, steps: int) -> List[dict]:
     calls_per_step = -(-len(ranks[0]) // steps)
     merged = []
     for calls in ranks:
+        calls = [dict(c, logit_tokens=c.get("logit_tokens", c["tokens"])) for c in calls]
         merged.append([{k: sum(c[k] for c in calls[i:i + calls_per_step]) for k in calls[0]}
                        for i in range(0, len(calls), calls_per_step)])
         if method == "odb_mask":
@@ -150,7 +153,8 @@ def optimizer_steps(method: str, out: Path, steps: int) -> List[dict]:
 
 
 def prediction_check(root: Path, rows: List[dict]) -> List[Dict[str, object]]:
-    """The step model's form (c0 per micro-batch + a·tokens + b·attention, NNLS) fitted per cell
+    """The step model's form (c0 per micro-batch + a·tokens + b·attention + d·positions the LM
+    head computes, NNLS) fitted per cell
     on every method's optimizer steps of the other repeats; each method's train time of the last
     repeat predicted from its steps, as a ratio to Standard's, against the measured ratio of
     train_runtime."""

@@ -22,7 +22,7 @@ Per run, each rank writes `<output_dir>/compute_rank<r>.json`: the seconds spent
 trainer's `training_step` (forward + backward of every micro-batch of an optimizer step), the
 share of train time that is compute; and `steps_rank<r>.jsonl`: per `training_step` call, its
 seconds and the work of its micro-batches in the step model's terms (micro-batches, padded
-tokens, attention Σ len², images, patches, Σ patches²), for the step model's out-of-sample check.
+tokens, attention Σ len², positions the LM head computes, images, patches, Σ patches²), for the step model's out-of-sample check.
 A config with `"profile": true` runs under torch's profiler and each rank also writes
 `<output_dir>/profile_rank<r>.txt`: where the run's CPU time went, operator by operator (self
 time), with the trainer's `training_step` as a labelled range (torch labels the optimizer's step).
@@ -42,10 +42,13 @@ from pathlib import Path
 import torch
 
 
-def micro_batch_work(batch) -> dict:
+def micro_batch_work(batch, supervised_logits: bool = False) -> dict:
     """One micro-batch in the step model's terms. Padded rows: rows × width tokens and
     rows × width² attention; a padding-free row (no attention mask): each sample's own
-    length², read from where the text position ids restart."""
+    length², read from where the text position ids restart. `logit_tokens`: the positions the
+    LM head computes, all of them or (`supervised_logits`, the ODB trainer's
+    `odb_supervised_logits`) those whose next token is supervised."""
+    from odb_factory.loss import supervised_positions
     ids = batch["input_ids"]
     rows, width = ids.shape
     positions = batch.get("position_ids")
@@ -57,14 +60,15 @@ def micro_batch_work(batch) -> dict:
         sum_sq = rows * width ** 2
     grid = batch.get("image_grid_thw")
     per_image = grid.prod(dim=1).tolist() if grid is not None else []
-    return {"micro_batches": 1, "tokens": rows * width, "sum_sq": sum_sq, "images": len(per_image),
-            "patches": sum(per_image), "patch_sq": sum(x * x for x in per_image)}
+    logit_tokens = rows * (len(supervised_positions(batch["labels"])) if supervised_logits else width)
+    return {"micro_batches": 1, "tokens": rows * width, "sum_sq": sum_sq, "logit_tokens": logit_tokens,
+            "images": len(per_image), "patches": sum(per_image), "patch_sq": sum(x * x for x in per_image)}
 
 
-def step_work(inputs) -> dict:
+def step_work(inputs, supervised_logits: bool = False) -> dict:
     """A `training_step` call's work: one micro-batch, or `samples` mode's several."""
     batches = getattr(inputs, "micro_batches", None) or [inputs]
-    works = [micro_batch_work(b) for b in batches]
+    works = [micro_batch_work(b, supervised_logits and "odb_sample_weights" in b) for b in batches]
     return {k: sum(w[k] for w in works) for k in works[0]}
 
 
@@ -93,7 +97,8 @@ class ComputeTimer:
                 if depth == 0:
                     seconds = time.perf_counter() - start
                     self.seconds += seconds
-                    self.steps.append(dict(step_work(inputs), time_s=seconds))
+                    supervised = getattr(trainer, "_odb_supervised_logits", False)
+                    self.steps.append(dict(step_work(inputs, supervised), time_s=seconds))
         cls.training_step = timed
 
 

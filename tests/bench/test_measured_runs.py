@@ -92,3 +92,16 @@ def test_packed_rows_count_each_sample_attention_alone():
     class Step:
         micro_batches = [padded, packed]
     assert step_work(Step())["micro_batches"] == 2 and step_work(Step())["tokens"] == 40
+    # the LM head's positions: all of them, or the union of the rows' supervised ones (a
+    # samples-mode micro-batch, which carries its sample weights, under odb_supervised_logits)
+    labels = torch.full((3, 10), -100)
+    labels[0, 4:7], labels[2, 6] = 1, 1                  # next-token positions 3, 4, 5 and 5
+    weighted = dict(padded, labels=labels, odb_sample_weights=torch.ones(3))
+    assert micro_batch_work(weighted)["logit_tokens"] == 30
+    assert micro_batch_work(weighted, supervised_logits=True)["logit_tokens"] == 3 * 3
+
+    unweighted = {k: v for k, v in weighted.items() if k != "odb_sample_weights"}   # computes every position
+
+    class Weighted:
+        micro_batches = [weighted, unweighted]
+    assert step_work(Weighted(), supervised_logits=True)["logit_tokens"] == 9 + 30
