@@ -49,6 +49,13 @@ def show_odb_log(main_process: bool) -> None:
     logger.setLevel(logging.INFO if main_process else logging.WARNING)
 
 
+def takes_logits_to_keep(model: Any) -> bool:
+    """Whether the model's forward computes logits at chosen positions only (`logits_to_keep`,
+    an index tensor); a PEFT model passes it through to its base model."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
 def _token_id(model_config: Any, kind: str) -> Optional[int]:
     """The model's `kind` (image, video, audio) placeholder token id: `<kind>_token_id`, or
     `<kind>_token_index` as the Omni configs name it."""
@@ -122,13 +129,11 @@ class ODBTrainerMixin:
         return attention
 
     def _odb_choose_supervised_logits(self, model: Any) -> bool:
-        """`odb_supervised_logits`, where the model's forward takes `logits_to_keep` (PEFT
-        passes it through to its base model)."""
+        """`odb_supervised_logits`, where the model's forward takes `logits_to_keep`."""
         if not self._odb.adapter.supervised_logits or model is None:
             return False
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        if "logits_to_keep" not in inspect.signature(base.forward).parameters:
-            logger.info("ODB: logits at every position (%s.forward takes no logits_to_keep)", type(base).__name__)
+        if not takes_logits_to_keep(model):
+            logger.info("ODB: logits at every position (%s.forward takes no logits_to_keep)", type(model).__name__)
             return False
         return True
 

@@ -308,3 +308,28 @@ def test_unsupported_versions_are_named(monkeypatch):
     for unsupported in ("4.56.2", "4.57.0", "4.58.0", "5.7.0"):
         monkeypatch.setattr(transformers, "__version__", unsupported)
         assert f"transformers {unsupported} is installed" in odb_factory_patches.unsupported_reason()
+
+
+def test_supervised_logits_need_a_forward_that_takes_logits_to_keep():
+    """`odb_supervised_logits` applies where the model's forward (a PEFT model's base model's)
+    takes `logits_to_keep`; the Omni thinker's does not, and computes every position."""
+    import inspect
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniThinkerForConditionalGeneration
+
+    from odb_factory.llamafactory.trainer import takes_logits_to_keep
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    assert takes_logits_to_keep(llama)
+    peft = get_peft_model(llama, LoraConfig(r=2, target_modules=["q_proj"]))
+    assert "logits_to_keep" not in inspect.signature(peft.forward).parameters
+    assert takes_logits_to_keep(peft)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    assert peft(input_ids=ids, logits_to_keep=torch.tensor([1, 3])).logits.shape == (1, 2, 64)
+    # not initialised: only its forward's signature is read
+    thinker = Qwen2_5OmniThinkerForConditionalGeneration.__new__(Qwen2_5OmniThinkerForConditionalGeneration)
+    assert not takes_logits_to_keep(thinker)
+    assert not takes_logits_to_keep(torch.nn.Linear(2, 2))
