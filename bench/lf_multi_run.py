@@ -22,7 +22,8 @@ Per run, each rank writes `<output_dir>/compute_rank<r>.json`: the seconds spent
 trainer's `training_step` (forward + backward of every micro-batch of an optimizer step), the
 share of train time that is compute; and `steps_rank<r>.jsonl`: per `training_step` call, its
 seconds and the work of its micro-batches in the step model's terms (micro-batches, padded
-tokens, attention Σ len², positions the LM head computes, images, patches, Σ patches²), for the step model's out-of-sample check.
+tokens, attention Σ len², positions the LM head computes, images, patches, Σ patches²), for
+the step model's out-of-sample check.
 A config with `"profile": true` runs under torch's profiler and each rank also writes
 `<output_dir>/profile_rank<r>.txt`: where the run's CPU time went, operator by operator (self
 time), with the trainer's `training_step` as a labelled range (torch labels the optimizer's step).
