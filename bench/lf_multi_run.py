@@ -42,6 +42,8 @@ from pathlib import Path
 
 import torch
 
+from odb_factory.loss import supervised_positions
+
 
 def micro_batch_work(batch, supervised_logits: bool = False) -> dict:
     """One micro-batch in the step model's terms. Padded rows: rows × width tokens and
@@ -49,7 +51,6 @@ def micro_batch_work(batch, supervised_logits: bool = False) -> dict:
     length², read from where the text position ids restart. `logit_tokens`: the positions the
     LM head computes, all of them or (`supervised_logits`, the ODB trainer's
     `odb_supervised_logits`) those whose next token is supervised."""
-    from odb_factory.loss import supervised_positions
     ids = batch["input_ids"]
     rows, width = ids.shape
     positions = batch.get("position_ids")

@@ -314,6 +314,7 @@ def test_supervised_logits_need_a_forward_that_takes_logits_to_keep():
     """`odb_supervised_logits` applies where the model's forward (a PEFT model's base model's)
     takes `logits_to_keep`; the Omni thinker's does not, and computes every position."""
     import inspect
+    import logging
 
     import torch
     from peft import LoraConfig, get_peft_model
@@ -333,3 +334,26 @@ def test_supervised_logits_need_a_forward_that_takes_logits_to_keep():
     thinker = Qwen2_5OmniThinkerForConditionalGeneration.__new__(Qwen2_5OmniThinkerForConditionalGeneration)
     assert not takes_logits_to_keep(thinker)
     assert not takes_logits_to_keep(torch.nn.Linear(2, 2))
+    # the trainer's choice: the key, then the model; the start-up log names a model that cannot
+    from types import SimpleNamespace
+
+    from odb_factory.llamafactory.trainer import ODBTrainerMixin
+
+    def chosen(enabled, model):
+        trainer = SimpleNamespace(_odb=SimpleNamespace(adapter=SimpleNamespace(supervised_logits=enabled)))
+        return ODBTrainerMixin._odb_choose_supervised_logits(trainer, model)
+    assert chosen(True, llama) and chosen(True, peft) and not chosen(False, llama) and not chosen(True, None)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    odb_logger = logging.getLogger("odb_factory")
+    odb_logger.addHandler(handler)
+    level = odb_logger.level
+    odb_logger.setLevel(logging.INFO)
+    try:
+        assert not chosen(True, thinker)
+    finally:
+        odb_logger.removeHandler(handler)
+        odb_logger.setLevel(level)
+    assert [r.getMessage() for r in records] == [
+        "ODB: logits at every position (Qwen2_5OmniThinkerForConditionalGeneration.forward takes no logits_to_keep)"]

@@ -107,6 +107,15 @@ def _supervised_logits_loss_and_grads(model, batch, sample_of_token, weights):
     return total.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def _assert_equal(what, loss, expected_loss, grads, expected_grads):
+    """Losses and every parameter's gradient equal within RELATIVE (gradients: of their largest entry)."""
+    assert torch.allclose(loss, expected_loss, rtol=RELATIVE, atol=0), (what, loss, expected_loss)
+    assert grads.keys() == expected_grads.keys() and expected_grads
+    for name, grad in expected_grads.items():
+        scale = grad.abs().max().clamp(min=1e-300)
+        assert float((grads[name] - grad).abs().max() / scale) <= RELATIVE, (what, name)
+
+
 def assert_packed_equals_padded(model, collate, features, row_tokens=None):
     """The check itself: the same samples padded (LLaMA-Factory's batch) and packed."""
     import copy
@@ -138,20 +147,11 @@ def assert_packed_equals_padded(model, collate, features, row_tokens=None):
         assert packed_attention(model, attention) == attention
         assert decoder._attn_implementation == {"mask": "sdpa", "segments": SEGMENT_ATTENTION}[attention]
         loss, grads = _losses_and_grads(model, _fp64(batch), owner, weights)
-        assert torch.allclose(loss, loss_padded, rtol=RELATIVE, atol=0), (attention, loss, loss_padded)
-        assert grads.keys() == grad_padded.keys() and grad_padded
-        for name, grad in grad_padded.items():
-            scale = grad.abs().max().clamp(min=1e-300)
-            assert float((grads[name] - grad).abs().max() / scale) <= RELATIVE, (attention, name)
+        _assert_equal(attention, loss, loss_padded, grads, grad_padded)
     # the trainer's loss with logits at the supervised positions only, packed and padded
     for batch, owner in ((packed, packed[TOKEN_SAMPLE_KEY]), (padded, padded_owner)):
         total, grads = _supervised_logits_loss_and_grads(model, _fp64(batch), owner, weights)
-        expected = (loss_padded * weights).sum()
-        assert torch.allclose(total, expected, rtol=RELATIVE, atol=0), ("supervised logits", total, expected)
-        assert grads.keys() == grad_padded.keys()
-        for name, grad in grad_padded.items():
-            scale = grad.abs().max().clamp(min=1e-300)
-            assert float((grads[name] - grad).abs().max() / scale) <= RELATIVE, ("supervised logits", name)
+        _assert_equal("supervised logits", total, (loss_padded * weights).sum(), grads, grad_padded)
     decoder._attn_implementation = "sdpa"
     return packed
 
