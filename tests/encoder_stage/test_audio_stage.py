@@ -56,6 +56,7 @@ def _route(plan):
 
 @settings(max_examples=150, deadline=None, derandomize=True)
 @given(frames=frames_st, rpn=st.sampled_from([1, 2, 8]), mode=st.sampled_from(["lpt", "min_move"]))
+@example(frames=[[], [], [], [], [1, 1, 1, 1, 1, 1]], rpn=1, mode="lpt")  # OPT 2, mean 1.2
 def test_plan_encodes_every_clip_once_and_returns_it_to_its_owner(frames, rpn, mode):
     plan = plan_audio(frames, ranks_per_node=rpn, mode=mode, frame_bytes=512, embed_row_bytes=256)
     encoded = sorted(item for share in plan.shares for item in share)
@@ -72,7 +73,11 @@ def test_plan_encodes_every_clip_once_and_returns_it_to_its_owner(frames, rpn, m
         if max(plan.cost_after) == max(plan.cost_before):
             assert not plan.moved_items
     if mode == "lpt" and total and plan.moved_items:
-        assert max(plan.cost_after) <= 4 / 3 * plan.lower_bound + 1e-9  # Graham's bound
+        # any list schedule: max <= sum/m + (1 - 1/m) * largest clip (lower_bound <= OPT only,
+        # so Graham's 4/3 holds against the optimum, tested in tests/balance)
+        m = len(frames)
+        bound = total / m + (1 - 1 / m) * max(f for fs in frames for f in fs)
+        assert max(plan.cost_after) <= bound + 1e-9
 
 
 def test_output_tokens_and_plan_by_hand():
