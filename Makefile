@@ -57,20 +57,39 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.run --quick=$(QUICK)
 
-# Mutation testing of the pure core; not part of `make test` or CI (it takes hours on 2 cores).
-# mutmut mutates a copy under build/mutation (the working tree is never touched) and runs only
-# the fast in-process tests on each mutant, with hypothesis stopping at the first failing example
-# (tests/conftest.py's "mutation" profile: no shrinking). Workers fork from a server that has not
-# run torch, and torch runs single-threaded (a fork after torch's thread pool started can hang).
-# Afterwards `cd build/mutation && ../../.venv/bin/mutmut show NAME` prints a mutant's diff and
-# `../../.venv/bin/mutmut run NAME...` re-runs chosen mutants; the target itself starts afresh.
-MUTATION_DIR := build/mutation
-MUTATION_TESTS := tests/planning tests/balance tests/encoder_stage tests/test_cost.py tests/test_loss_exact.py
-# what is mutated; a part at a time fits a shorter sitting: make mutation MUTATE='odb_factory/balance/assignment.py'
-MUTATE ?= odb_factory/planning/* odb_factory/balance/* odb_factory/cost.py odb_factory/loss.py
+# Mutation testing, a part at a time; not part of `make test` or CI (hours on 2 cores):
+#   make mutation PART=core          planning/, balance/, cost and loss, with the in-process tests
+#   make mutation PART=comm          comm/ with tests/comm (real gloo ranks)
+#   make mutation PART=loader        loader/ with tests/loader and tests/comm
+#   make mutation PART=llamafactory  llamafactory/ with tests/llamafactory (the stock CLI)
+# mutmut mutates a copy under build/mutation/PART (the working tree is never touched), with
+# hypothesis stopping at the first failing example (tests/conftest.py's "mutation" profile: no
+# shrinking) and each mutant's fastest tests first. The mutated copy comes first on PYTHONPATH, so
+# every process a test starts (gloo ranks, torchrun workers, DataLoader workers) runs the mutant;
+# tests/helpers/mutation_site credits the functions those processes reach to the test that started
+# them. mutmut's workers fork from a server that has not run torch, and torch runs single-threaded
+# (a fork after torch's thread pool started can hang). Afterwards
+# `cd build/mutation/PART && ../../../.venv/bin/mutmut show NAME` prints a mutant's diff and
+# `../../../.venv/bin/mutmut run NAME...` re-runs chosen mutants; the target itself starts afresh.
+PART ?= core
+MUTATE_core := odb_factory/planning/* odb_factory/balance/* odb_factory/cost.py odb_factory/loss.py
+TESTS_core := tests/planning tests/balance tests/encoder_stage tests/test_cost.py tests/test_loss_exact.py
+MARK_core := not slow
+MUTATE_comm := odb_factory/comm/*
+TESTS_comm := tests/comm
+MUTATE_loader := odb_factory/loader/*
+TESTS_loader := tests/loader tests/comm
+MUTATE_llamafactory := odb_factory/llamafactory/*
+TESTS_llamafactory := tests/llamafactory tests/patches
+# MUTATE narrows a part: make mutation PART=core MUTATE='odb_factory/balance/assignment.py'
+MUTATE ?= $(MUTATE_$(PART))
+MUTATION_TESTS ?= $(TESTS_$(PART))
+MUTATION_MARK ?= $(MARK_$(PART))
+MUTATION_DIR := build/mutation/$(PART)
 mutation: $(STAMP)
+	test -n "$(MUTATE)" || { echo "unknown PART=$(PART): use core, comm, loader or llamafactory"; exit 2; }
 	rm -rf $(MUTATION_DIR)
-	mkdir -p $(MUTATION_DIR)
+	mkdir -p $(MUTATION_DIR)/hits $(MUTATION_DIR)/mutants  # on PYTHONPATH before mutmut fills it
 	cp -r --parents odb_factory tests/__init__.py tests/conftest.py tests/helpers $(MUTATION_TESTS) $(MUTATION_DIR)/
 	find $(MUTATION_DIR) -name __pycache__ -prune -exec rm -rf {} +
 	printf '%s\n' '[mutmut]' 'source_paths = odb_factory' \
@@ -78,12 +97,14 @@ mutation: $(STAMP)
 	  'do_not_mutate =' '    */__init__.py' \
 	  'process_isolation = forkserver' \
 	  'pytest_add_cli_args =' '    -p' '    no:cacheprovider' \
-	  '    -m' '    not slow' \
+	  $(if $(MUTATION_MARK),'    -m' '    $(MUTATION_MARK)') \
 	  'pytest_add_cli_args_test_selection =' $(addprefix '    ,$(addsuffix ',$(MUTATION_TESTS))) \
 	  '[tool:pytest]' 'markers =' '    slow: multi-process or end-to-end tests' \
 	  > $(MUTATION_DIR)/setup.cfg
 	# a mutant that loops while appending fails on memory (8 GB) instead of swapping the machine
-	cd $(MUTATION_DIR) && ulimit -v 8000000 && HYPOTHESIS_PROFILE=mutation OMP_NUM_THREADS=1 $(CURDIR)/$(PY) -m mutmut run
+	cd $(MUTATION_DIR) && ulimit -v 8000000 && HYPOTHESIS_PROFILE=mutation OMP_NUM_THREADS=1 \
+	  PYTHONPATH=$(CURDIR)/$(MUTATION_DIR)/mutants:$(CURDIR)/$(MUTATION_DIR)/tests/helpers/mutation_site \
+	  ODB_MUTATION_HITS=$(CURDIR)/$(MUTATION_DIR)/hits $(CURDIR)/$(PY) -m mutmut run
 	cd $(MUTATION_DIR) && $(CURDIR)/$(PY) -m mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json
 	cd $(MUTATION_DIR) && $(CURDIR)/$(PY) -m mutmut results
 

@@ -34,6 +34,20 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: durations.get(item.nodeid, float("inf")))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    """`make mutation`: the functions this test reached in its child processes count for it
+    (tests/helpers/mutation_site/sitecustomize.py records them); tryfirst, so that they are in
+    before mutmut files the test's hits."""
+    hits = os.environ.get("ODB_MUTATION_HITS")
+    if not hits or os.environ.get("MUTANT_UNDER_TEST") != "stats":
+        return
+    from mutmut.state import state
+    for path in Path(hits).glob("*.hits"):
+        state()._stats.update(path.read_text().split())
+        path.unlink()
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """The embedded tiny Qwen3-VL (random weights, built offline)."""

@@ -176,25 +176,30 @@ def test_departures_of_several_ranks_reach_every_peer_in_one_exchange():
                                "image 17; rank 3 stopped iterating epoch 0 after step 5")
 
 
-def _absent_peer(rank, world):
+def _absent_peer(rank, world, departing):
     import time
 
     from odb_factory.comm import ODBSyncError, SyncChannel
+    from odb_factory.comm.channel import Departure
     sync = SyncChannel.create(timeout_s=1.5)
     if rank == 1:
         time.sleep(2.5)  # never enters the exchange
         return None
     try:
-        sync.all_gather("x", "costs", epoch=4, round=7)
+        if departing:  # a departure is an exchange of its own: round -1 of its epoch
+            sync.announce_departure(Departure(0, 4, "left", 2), "costs")
+        else:
+            sync.all_gather("x", "costs", epoch=4, round=7)
     except ODBSyncError as exc:
         return str(exc)
     return "no error"
 
 
 @pytest.mark.slow
-def test_an_absent_peer_times_out_with_an_error_naming_rank_epoch_and_round():
-    text = run_world(_absent_peer, 2, timeout=60)[0]
-    assert text.startswith("ODB alignment exchange 'costs' failed on rank 0/2 (epoch 4, round 7) after "), text
+@pytest.mark.parametrize("departing,where", [(False, "epoch 4, round 7"), (True, "epoch 4, round -1")])
+def test_an_absent_peer_times_out_with_an_error_naming_rank_epoch_and_round(departing, where):
+    text = run_world(_absent_peer, 2, departing, timeout=60)[0]
+    assert text.startswith(f"ODB alignment exchange 'costs' failed on rank 0/2 ({where}) after "), text
     assert "timeout 2s" in text and "raise ODBConfig.sync_timeout_s" in text
     assert "timed out" in text.lower(), "the channel's own timeout ended the wait (not the peer's exit)"
 

@@ -4,6 +4,8 @@ from; argument errors and timeouts name the rank and the step."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -48,12 +50,15 @@ def row_ids(src, dst, k_rows):
     return [1000 * src + 100 * dst + k for k in range(k_rows)]
 
 
-def _exchange_rank(rank, world):
+def _exchange_rank(global_rank, global_world, members):
     import torch
     import torch.distributed as dist
 
     from odb_factory.comm.row_exchange import all_to_all_rows
-    group = dist.new_group(backend="gloo")
+    group = dist.new_group(members, backend="gloo")  # every rank takes part in creating it
+    if global_rank not in members:
+        return None
+    rank, world = members.index(global_rank), len(members)  # numbered within the group
     c = counts(world)
     send = c[rank]
     recv = [c[s][rank] for s in range(world)]
@@ -75,9 +80,13 @@ def _exchange_rank(rank, world):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 3])
-def test_rows_reach_the_right_ranks_once_and_gradients_go_back(world):
-    results = run_world(_exchange_rank, world, timeout=60)
+@pytest.mark.parametrize("global_world,members", [(2, [0, 1]), (3, [0, 1, 2]), (3, [1, 2])],
+                         ids=["2", "3", "ranks 1-2 of 3"])
+def test_rows_reach_the_right_ranks_once_and_gradients_go_back(global_world, members):
+    results = run_world(_exchange_rank, global_world, members, timeout=60)
+    assert all(r is None for g, r in enumerate(results) if g not in members)
+    results = [results[g] for g in members]  # by rank within the group
+    world = len(members)
     c = counts(world)
     received = []
     for rank, r in enumerate(results):
@@ -104,13 +113,16 @@ def _absent_peer(rank, world):
     from odb_factory.comm.row_exchange import all_to_all_rows
     short = dist.new_group(backend="gloo", timeout=timedelta(seconds=1.5))  # bounds the count gather
     plain = dist.new_group(backend="gloo")                                  # timeout_s bounds the rows
+    graded = dist.new_group(backend="gloo")  # a timeout closes its group's pairs: one group each
     if rank == 1:
-        time.sleep(4.0)  # never enters either exchange
+        time.sleep(6.0)  # never enters any of the exchanges
         return None
     errors = []
-    for group, recv in [(short, None), (plain, [0, 2])]:
+    # the counts gather, the rows, and the rows of a tensor that requires grad (autograd's path)
+    for group, recv, grad in [(short, None, False), (plain, [0, 2], False), (graded, [0, 2], True)]:
         try:
-            all_to_all_rows(torch.zeros(0, 3), [0, 0], recv, group, what="probe", step=5, timeout_s=1.5)
+            x = torch.zeros(0, 3, requires_grad=grad)
+            all_to_all_rows(x, [0, 0], recv, group, what="probe", step=5, timeout_s=1.5)
         except ODBExchangeError as exc:
             errors.append(str(exc))
         else:
@@ -118,10 +130,39 @@ def _absent_peer(rank, world):
     return errors
 
 
+def _absent_in_backward(rank, world):
+    """Both ranks exchange rows forward; rank 1 never runs the backward."""
+    import time
+
+    import torch
+
+    from odb_factory.comm import ODBExchangeError
+    from odb_factory.comm.row_exchange import all_to_all_rows
+    x = torch.ones(2, 3, requires_grad=True)
+    out = all_to_all_rows(x, [1, 1], [1, 1], what="probe", step=5, timeout_s=1.5)
+    if rank == 1:
+        time.sleep(4.0)
+        return None
+    try:
+        out.sum().backward()
+    except ODBExchangeError as exc:
+        return str(exc)
+    return "no error"
+
+
+def _elapsed_s(text):
+    return float(re.search(r" after (-?[0-9.]+)s, ", text).group(1))
+
+
 @pytest.mark.slow
 def test_an_absent_peer_times_out_with_an_error_naming_rank_and_step():
-    counts_error, rows_error = run_world(_absent_peer, 2, timeout=60)[0]
+    counts_error, rows_error, grad_error = run_world(_absent_peer, 2, timeout=60)[0]
+    backward_error = run_world(_absent_in_backward, 2, timeout=60)[0]
     assert counts_error.startswith("ODB exchange 'probe (row counts)' failed on rank 0/2 (step 5) after "), counts_error
     assert rows_error.startswith("ODB exchange 'probe' failed on rank 0/2 (step 5) after "), rows_error
-    for text in (counts_error, rows_error):
+    assert grad_error.startswith("ODB exchange 'probe' failed on rank 0/2 (step 5) after "), grad_error
+    assert backward_error.startswith("ODB exchange 'probe (backward)' failed on rank 0/2 (step 5) after "), \
+        backward_error
+    for text in (counts_error, rows_error, grad_error, backward_error):
         assert "timeout 2s" in text and "timed out" in text.lower() and "every rank must enter every exchange" in text
+        assert 1.0 <= _elapsed_s(text) < 30.0, text  # the wait it reports is the wait it did
