@@ -122,10 +122,10 @@ def all_to_all_rows(x: torch.Tensor, send_counts: Sequence[int],
                          f"rows but send_counts sum to {sum(send)}")
     if recv_counts is None:
         if world == 1:
-            recv = send
+            recv = send  # pragma: no mutate, one rank: _exchange returns a copy, reading no counts
         else:
             dev = _comm_device(group, x.device)
-            mine = torch.tensor(send, dtype=torch.int64, device=dev)
+            mine = torch.tensor(send, device=dev)  # Python ints: int64
             every = [torch.empty_like(mine) for _ in range(world)]
             start = time.monotonic()
             try:
@@ -136,6 +136,5 @@ def all_to_all_rows(x: torch.Tensor, send_counts: Sequence[int],
             recv = [int(t[rank]) for t in every]
     else:
         recv = _counts(recv_counts, world, "recv_counts", rank)
-    if x.requires_grad and torch.is_grad_enabled():
-        return _AllToAllRows.apply(x, send, recv, group, what, step, timeout_s)
-    return _exchange(x, send, recv, group, what, step, timeout_s)
+    # autograd records the backward only where x requires grad and grad is enabled
+    return _AllToAllRows.apply(x, send, recv, group, what, step, timeout_s)

@@ -44,7 +44,7 @@ def test_create_with_one_rank_needs_no_group(monkeypatch):
         raise AssertionError("no group for a world of one")
     _fake_world(monkeypatch, 0, 1, new_group)
     sync = SyncChannel.create(timeout_s=3.0)
-    assert (sync.group, sync.rank, sync.world_size) == (None, 0, 1)
+    assert (sync.group, sync.rank, sync.world_size, sync.timeout_s) == (None, 0, 1, 3.0)
 
 
 def test_create_asks_for_a_gloo_group_with_the_timeout(monkeypatch):
@@ -200,6 +200,9 @@ def _absent_peer(rank, world, departing):
 def test_an_absent_peer_times_out_with_an_error_naming_rank_epoch_and_round(departing, where):
     text = run_world(_absent_peer, 2, departing, timeout=60)[0]
     assert text.startswith(f"ODB alignment exchange 'costs' failed on rank 0/2 ({where}) after "), text
+    assert 1.0 <= float(text.split(" after ")[1].split("s,")[0]) < 30.0, text  # the wait it did
+    assert (". Another rank probably failed or stopped iterating at a different step (see its log); if ranks "
+            "are only slow, raise ODBConfig.sync_timeout_s Rank(s) [1] never entered this exchange") in text, text
     assert "timeout 2s" in text and "raise ODBConfig.sync_timeout_s" in text
     assert "timed out" in text.lower(), "the channel's own timeout ended the wait (not the peer's exit)"
 

@@ -55,10 +55,10 @@ def _absent_peer(rank, world):
     if rank == world - 1:
         time.sleep(2.5)  # never enters the exchange (its peers give up after 1.5s)
         return None
-    error = errors.ODBExchangeError if rank == 1 else errors.ODBSyncError  # the default, and another
+    # rank 0: the default error type, kind and hint; rank 1 its own
+    options = dict(kind="ODB probe", hint="Look at the last rank.", error=errors.ODBExchangeError) if rank == 1 else {}
     try:
-        gather_objects({"rank": rank}, group, "metadata", "epoch 3, round 7", 1.5,
-                       kind="ODB probe", hint="Look at the last rank.", error=error)
+        gather_objects({"rank": rank}, group, "metadata", "epoch 3, round 7", 1.5, **options)
     except errors.ODBSyncError as exc:
         return type(exc).__name__, str(exc), type(exc.__cause__).__name__
     return "no error"
@@ -69,10 +69,12 @@ def test_an_absent_peer_times_out_with_an_error_naming_rank_and_round():
     world = 3
     results = run_world(_absent_peer, world, timeout=60)
     assert results[-1] is None
-    for rank, error in [(0, ODBSyncError), (1, ODBExchangeError)]:
+    for rank, error, kind, hint in [(0, ODBSyncError, "ODB exchange", "Another rank probably failed; see its log"),
+                                    (1, ODBExchangeError, "ODB probe", "Look at the last rank.")]:
         name, text, cause = results[rank]
         assert name == error.__name__                      # the caller's error type
-        assert text.startswith(f"ODB probe 'metadata' failed on rank {rank}/{world} (epoch 3, round 7) after ")
-        assert "timeout 2s" in text and text.endswith("Look at the last rank.")
+        assert text.startswith(f"{kind} 'metadata' failed on rank {rank}/{world} (epoch 3, round 7) after ")
+        assert "timeout 2s" in text and text.endswith(hint)
+        assert 1.0 <= float(text.split(" after ")[1].split("s,")[0]) < 30.0, text  # the wait it did
         assert cause != "NoneType"                          # the collective's own error is chained
         assert "timed out" in text.lower(), "the group's timeout ended the wait (not the peer's exit)"

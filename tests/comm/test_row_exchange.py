@@ -23,15 +23,31 @@ def test_one_process_returns_a_copy_and_passes_the_gradient_through():
     assert torch.equal(x.grad, torch.tensor([[1.0, 2.0]] * 3))
 
 
-@pytest.mark.parametrize("send,recv,rows,message", [
-    ([1, 2], None, 3, r"^rank 0: send_counts must list 1 non-negative row counts, got \[1, 2\]$"),
-    ([-1], None, 3, r"^rank 0: send_counts must list 1 non-negative row counts, got \[-1\]$"),
-    ([3], [3, 0], 3, r"^rank 0: recv_counts must list 1 non-negative row counts, got \[3, 0\]$"),
-    ([2], None, 3, r"^rank 0: exchange 'embeds': x has 3 rows but send_counts sum to 2$"),
+@pytest.mark.parametrize("send,recv,shape,what,message", [
+    ([1, 2], None, (3, 4), "embeds", r"^rank 0: send_counts must list 1 non-negative row counts, got \[1, 2\]$"),
+    ([-1], None, (3, 4), "embeds", r"^rank 0: send_counts must list 1 non-negative row counts, got \[-1\]$"),
+    ([3], [3, 0], (3, 4), "embeds", r"^rank 0: recv_counts must list 1 non-negative row counts, got \[3, 0\]$"),
+    ([2], None, (3, 4), "embeds", r"^rank 0: exchange 'embeds': x has 3 rows but send_counts sum to 2$"),
+    ([1], None, (), "embeds", r"^rank 0: exchange 'embeds': x has 0 rows but send_counts sum to 1$"),  # a scalar
+    ([2], None, (3, 4), None, r"^rank 0: exchange 'rows': x has 3 rows but send_counts sum to 2$"),  # unnamed
 ])
-def test_bad_counts_are_refused_naming_the_rank(send, recv, rows, message):
+def test_bad_counts_are_refused_naming_the_rank(send, recv, shape, what, message):
+    named = {} if what is None else {"what": what}
     with pytest.raises(ValueError, match=message):
-        all_to_all_rows(torch.zeros(rows, 4), send, recv, what="embeds")
+        all_to_all_rows(torch.zeros(shape), send, recv, **named)
+
+
+@pytest.mark.parametrize("backend,on_cuda", [("gloo", "cpu"), ("nccl", "cuda"), ("cpu:gloo,cuda:nccl", "cuda"),
+                                             ("GLOO", "cpu"), ("mpi", "cuda")])
+def test_rows_travel_where_the_backend_can_carry_them(monkeypatch, backend, on_cuda):
+    # a CUDA tensor crosses a gloo-only group on the CPU; NCCL (alone or beside gloo) takes it as it is.
+    # get_backend is replaced: a group of each backend cannot be built on a machine without GPUs
+    from odb_factory.comm import row_exchange
+    group = object()
+    monkeypatch.setattr(row_exchange.dist, "get_backend", lambda g: backend if g is group else "default group")
+    want = torch.device("cuda", 1) if on_cuda == "cuda" else torch.device("cpu")
+    assert row_exchange._comm_device(group, torch.device("cuda", 1)) == want
+    assert row_exchange._comm_device(group, torch.device("cpu")) == torch.device("cpu")
 
 
 # ------------------------------------------------------------------ real gloo ranks
