@@ -98,29 +98,5 @@ def test_a_missing_payload_times_out_with_an_error_naming_rank_epoch_and_round()
     text = run_world(_sender_vanishes, 2, timeout=60)[0]
     assert text.startswith("ODB sample exchange 'balance' failed on rank 0/2 (epoch 1, round 2) after "), text
     assert "timeout 2s" in text and "timed out" in text.lower()
-
-
-def _sender_gone_after_the_sizes(rank, world):
-    """Rank 1 announces 40 bytes for rank 0 in the size exchange, then never sends them."""
-    import time
-
-    from odb_factory.comm import ODBSyncError, SyncChannel
-    from odb_factory.comm.object_exchange import exchange_objects
-    sync = SyncChannel.create(timeout_s=1.5)
-    if rank == 1:
-        sync.all_gather([40, 0], "balance sizes", 2, 0)
-        time.sleep(4.0)
-        return None
-    try:
-        exchange_objects(sync, [[], []], "balance", epoch=2, round=0)
-    except ODBSyncError as exc:
-        return str(exc)
-    return "no error"
-
-
-@pytest.mark.slow
-def test_a_payload_that_never_comes_is_an_error_naming_rank_epoch_and_round():
-    text = run_world(_sender_gone_after_the_sizes, 2, timeout=60)[0]
-    assert text.startswith("ODB sample exchange 'balance' failed on rank 0/2 (epoch 2, round 0) after "), text
     assert 1.0 <= float(text.split(" after ")[1].split("s,")[0]) < 30.0, text  # the wait it did
-    assert "timeout 2s" in text and text.endswith(". Another rank probably failed; see its log"), text
+    assert text.endswith(". Another rank probably failed; see its log"), text
