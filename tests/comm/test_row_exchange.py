@@ -4,13 +4,11 @@ from; argument errors and timeouts name the rank and the step."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 
 from odb_factory.comm.row_exchange import all_to_all_rows
-from tests.helpers.distributed import run_world
+from tests.helpers.distributed import reported_wait_s, run_world
 
 
 # ------------------------------------------------------------------ in one process
@@ -166,10 +164,6 @@ def _absent_in_backward(rank, world):
     return "no error"
 
 
-def _elapsed_s(text):
-    return float(re.search(r" after (-?[0-9.]+)s, ", text).group(1))
-
-
 @pytest.mark.slow
 def test_an_absent_peer_times_out_with_an_error_naming_rank_and_step():
     counts_error, rows_error, grad_error = run_world(_absent_peer, 2, timeout=60)[0]
@@ -181,4 +175,4 @@ def test_an_absent_peer_times_out_with_an_error_naming_rank_and_step():
         backward_error
     for text in (counts_error, rows_error, grad_error, backward_error):
         assert "timeout 2s" in text and "timed out" in text.lower() and "every rank must enter every exchange" in text
-        assert 1.0 <= _elapsed_s(text) < 30.0, text  # the wait it reports is the wait it did
+        assert 1.0 <= reported_wait_s(text) < 30.0, text  # the wait it reports is the wait it did

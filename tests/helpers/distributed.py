@@ -91,3 +91,10 @@ def run_world(fn: Callable, world: int, *args, timeout: float = 300.0,
                 raise AssertionError(f"rank {r} failed:\n{value}")
             results.append((status, value) if expect_errors else value)
         return results
+
+
+def reported_wait_s(message: str) -> float:
+    """The seconds a collective's error message says it waited (comm/errors.describe_failure's
+    "... after 1.5s, timeout 2s: ...")."""
+    import re
+    return float(re.search(r" after (-?[0-9.]+)s, timeout ", message).group(1))
