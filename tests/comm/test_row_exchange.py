@@ -132,7 +132,7 @@ def _absent_peer(rank, world):
         time.sleep(6.0)  # never enters any of the exchanges
         return None
     errors = []
-    # the counts gather, the rows, and the rows of a tensor that requires grad (autograd's path)
+    # the counts gather, the rows, and the rows of a tensor that requires grad (a backward recorded)
     for group, recv, grad in [(short, None, False), (plain, [0, 2], False), (graded, [0, 2], True)]:
         try:
             x = torch.zeros(0, 3, requires_grad=grad)
