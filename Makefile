@@ -60,7 +60,7 @@ bench: $(STAMP)
 # Mutation testing, a part at a time; not part of `make test` or CI (hours on 2 cores):
 #   make mutation PART=core          planning/, balance/, cost and loss, with the in-process tests
 #   make mutation PART=comm          comm/ with tests/comm (real gloo ranks)
-#   make mutation PART=loader        loader/ with tests/loader and tests/comm
+#   make mutation PART=loader        loader/ with tests/loader, tests/comm and the public-API tests
 #   make mutation PART=llamafactory  llamafactory/ with tests/llamafactory (the stock CLI)
 # mutmut mutates a copy under build/mutation/PART (the working tree is never touched), with
 # hypothesis stopping at the first failing example (tests/conftest.py's "mutation" profile: no
@@ -78,7 +78,7 @@ MARK_core := not slow
 MUTATE_comm := odb_factory/comm/*
 TESTS_comm := tests/comm
 MUTATE_loader := odb_factory/loader/*
-TESTS_loader := tests/loader tests/comm
+TESTS_loader := tests/loader tests/comm tests/test_public_api.py
 MUTATE_llamafactory := odb_factory/llamafactory/*
 TESTS_llamafactory := tests/llamafactory tests/patches
 # MUTATE narrows a part: make mutation PART=core MUTATE='odb_factory/balance/assignment.py'
