@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import re
 import socket
 import tempfile
 import traceback
@@ -96,5 +97,4 @@ def run_world(fn: Callable, world: int, *args, timeout: float = 300.0,
 def reported_wait_s(message: str) -> float:
     """The seconds a collective's error message says it waited (comm/errors.describe_failure's
     "... after 1.5s, timeout 2s: ...")."""
-    import re
     return float(re.search(r" after (-?[0-9.]+)s, timeout ", message).group(1))
