@@ -78,7 +78,7 @@ MARK_core := not slow
 MUTATE_comm := odb_factory/comm/*
 TESTS_comm := tests/comm
 MUTATE_loader := odb_factory/loader/*
-TESTS_loader := tests/loader tests/comm tests/test_public_api.py
+TESTS_loader := tests/loader tests/comm tests/test_public_api.py tests/test_cost.py
 MUTATE_llamafactory := odb_factory/llamafactory/*
 TESTS_llamafactory := tests/llamafactory tests/patches
 # MUTATE narrows a part: make mutation PART=core MUTATE='odb_factory/balance/assignment.py'
