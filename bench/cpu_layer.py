@@ -15,6 +15,10 @@ mostly a micro-batch's fixed cost:
   short_qwen_vocab   the 8 M model's tower with a Qwen vocabulary (151,936 rows, tied: 46 M parameters),
   long_qwen_vocab    cutoff 128 / 1024: the LM head and its weight gradient, paid again by every
                      micro-batch, are most of a step, as in Qwen's small and mid-size models
+  cv1_mean128_qwen_vocab, cv1_mean256_qwen_vocab
+                     the 46 M model on alpaca rows whose responses are cut to lognormal lengths of
+                     CV 1 (the paper profiles' spread) and mean 128 / 256 tokens: synthetic lengths,
+                     real text (`cut_rows`)
 
 Methods, one epoch each over the same training split, batch 1 per device × `--accumulation`:
   Standard                   LLaMA-Factory as it is
@@ -62,12 +66,18 @@ DEMO = REPO.parent / "shared" / "data" / "llamafactory_demo"
 # cell -> (model, cutoff_len): the compute-dominated model on short and long rows, and the tiny
 # Qwen3 (hidden 64, 2 layers: a micro-batch's fixed cost dominates its steps) on short rows
 CELLS = {"short": ("8M", 128), "long": ("8M", 1024), "tiny": ("tiny", 128),
-         "short_qwen_vocab": ("46M", 128), "long_qwen_vocab": ("46M", 1024)}
+         "short_qwen_vocab": ("46M", 128), "long_qwen_vocab": ("46M", 1024),
+         "cv1_mean128_qwen_vocab": ("46M", 1024), "cv1_mean256_qwen_vocab": ("46M", 1024)}
+# cell -> (mean tokens, CV) of the lengths alpaca's rows are cut to (the others: the rows as they are)
+CUT_ROWS = {"cv1_mean128_qwen_vocab": (128, 1.0), "cv1_mean256_qwen_vocab": (256, 1.0)}
 # method -> (label, keys); "standard_batch": Standard's optimizer steps as one micro-batch of
 # `accumulation` samples per rank (the same samples per step; the same model for a text model,
-# whose loss is the step's global token mean), padded as LLaMA-Factory pads
+# whose loss is the step's global token mean), padded as LLaMA-Factory pads; "standard_by_length":
+# the same with transformers' length-grouped sampler (a peer: its steps hold other samples)
 METHODS = {"standard": ("Standard", {}),
            "standard_batch": ("Standard, batch = accumulation", {}),
+           "standard_by_length": ("Standard, batch = accumulation, group_by_length",
+                                  {"train_sampling_strategy": "group_by_length"}),
            "odb": ("ODB default", {"odb_enable": True}),
            "odb_eager": ("ODB default, eager preprocessing", {"odb_enable": True, "odb_lazy_preprocess": False}),
            "odb_padded": ("ODB padded", {"odb_enable": True, "odb_padding_free": False}),
@@ -75,6 +85,7 @@ METHODS = {"standard": ("Standard", {}),
            "odb_budget_4096": ("ODB default, odb_token_budget: 4096", {"odb_enable": True, "odb_token_budget": 4096}),
            "odb_all_logits": ("ODB default, logits at every position", {"odb_enable": True,
                                                                          "odb_supervised_logits": False}),
+           "odb_groups": ("ODB groups (token-budgeted optimizer steps)", {"odb_enable": True, "odb_step": "groups"}),
            "odb_mask": ("ODB padding-free + mask", {"odb_enable": True, "odb_padding_free": True,
                                                     "odb_packed_attention": "mask"})}
 LAYER_CONFIG = {"hidden_size": 256, "intermediate_size": 2048, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -107,15 +118,43 @@ def build_model(kind: str) -> Path:
 def data_dir() -> Path:
     out = RUNS / "data"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "dataset_info.json").write_text(json.dumps(
-        {"alpaca_en_demo": {"file_name": str(DEMO / "alpaca_en_demo.json")}}))
+    info = {"alpaca_en_demo": {"file_name": str(DEMO / "alpaca_en_demo.json")}}
+    info.update({cell: {"file_name": str(out / f"{cell}.json")} for cell in CUT_ROWS})
+    (out / "dataset_info.json").write_text(json.dumps(info))
     return out
 
 
-def config(method: str, model: Path, cutoff: int, samples: int, accumulation: int, out: Path) -> dict:
-    batch, steps = (accumulation, 1) if method == "standard_batch" else (1, accumulation)
+def cut_rows(cell: str, model: Path, samples: int) -> Dict[str, float]:
+    """Writes the cell's rows: alpaca's real instruction rows whose responses are cut so the rows'
+    token lengths (prompt + response, this tokenizer) follow a lognormal of the cell's mean and
+    CV (synthetic lengths, real text; a target longer than every row takes the longest rows
+    whole). Returns the lengths' mean and CV as written."""
+    from transformers import AutoTokenizer
+
+    from odb_factory.synthetic import long_tail_lengths
+    mean, cv = CUT_ROWS[cell]
+    tok = AutoTokenizer.from_pretrained(model)
+    rows = json.loads((DEMO / "alpaca_en_demo.json").read_text())
+    prompt = [len(tok(r["instruction"] + r["input"])["input_ids"]) for r in rows]
+    response = [tok(r["output"])["input_ids"] for r in rows]
+    whole = sorted(range(len(rows)), key=lambda i: prompt[i] + len(response[i]))
+    rng = random.Random(f"cut-rows:{cell}")
+    out, lengths = [], []
+    for target in long_tail_lengths(samples, cv, mean, seed=7, minimum=16, maximum=1024):
+        fits = [i for i in whole if prompt[i] < target <= prompt[i] + len(response[i])]
+        i = rng.choice(fits) if fits else whole[-1 - rng.randrange(8)]
+        keep = response[i][:max(1, target - prompt[i])]
+        out.append(dict(rows[i], output=tok.decode(keep)))
+        lengths.append(prompt[i] + len(keep))
+    (data_dir() / f"{cell}.json").write_text(json.dumps(out))
+    return {"mean": statistics.mean(lengths), "cv": statistics.pstdev(lengths) / statistics.mean(lengths)}
+
+
+def config(method: str, model: Path, cutoff: int, samples: int, accumulation: int, out: Path,
+           dataset: str = "alpaca_en_demo") -> dict:
+    batch, steps = (accumulation, 1) if method in ("standard_batch", "standard_by_length") else (1, accumulation)
     return {"model_name_or_path": str(model), "trust_remote_code": True, "stage": "sft", "do_train": True,
-            "finetuning_type": "full", "dataset": "alpaca_en_demo", "dataset_dir": str(data_dir()),
+            "finetuning_type": "full", "dataset": dataset, "dataset_dir": str(data_dir()),
             "template": "qwen3_nothink", "cutoff_len": cutoff, "max_samples": samples, "val_size": 0.1,
             "do_eval": True, "eval_strategy": "no", "per_device_eval_batch_size": 4,
             "preprocessing_num_workers": 1, "dataloader_num_workers": 1, "output_dir": str(out),
@@ -186,6 +225,11 @@ def measure(root: Path, cells: List[str], methods: List[str], repeats: int, samp
     for cell in cells:
         kind, cutoff = CELLS[cell]
         model = build_model(kind)
+        dataset = "alpaca_en_demo"
+        if cell in CUT_ROWS:
+            dataset = cell
+            print(f"[cpu layer] {cell}: rows cut to token lengths {cut_rows(cell, model, samples)}",
+                  file=sys.stderr, flush=True)
         plan, configs = [], []
         order = random.Random(f"cpu-layer:{cell}")
         for repeat in range(repeats):
@@ -194,7 +238,8 @@ def measure(root: Path, cells: List[str], methods: List[str], repeats: int, samp
             for method in shuffled:
                 out = run_dir(root, cell, method, repeat)
                 plan.append((method, repeat, out))
-                configs.append(dict(config(method, model, cutoff, samples, accumulation, out), profile=profile))
+                configs.append(dict(config(method, model, cutoff, samples, accumulation, out, dataset),
+                                    profile=profile))
         print(f"[cpu layer] {cell}: {len(configs)} runs in one torchrun", file=sys.stderr, flush=True)
         run_all(configs, root / f"{cell.replace(' ', '_').replace(',', '')}.log")
         for method, repeat, out in plan:
