@@ -1,0 +1,48 @@
+"""bench.cpu_layer's inputs: the CV 1 cells' rows (real alpaca text, responses cut to the
+cell's lognormal lengths) and the peers' keys (batch = accumulation, the length-grouped sampler)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from bench import cpu_layer
+from odb_factory.demo import tiny_qwen3
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    return tiny_qwen3.build_tiny_qwen3(tmp_path_factory.mktemp("model") / "tiny_qwen3", seed=0)
+
+
+def test_cv1_rows_are_alpaca_rows_cut_to_the_cells_lengths(tmp_path, monkeypatch, tokenizer_dir):
+    from transformers import AutoTokenizer
+    monkeypatch.setattr(cpu_layer, "RUNS", tmp_path)
+    figures = cpu_layer.cut_rows("cv1_mean128_qwen_vocab", tokenizer_dir, 240)
+    rows = json.loads((tmp_path / "data" / "cv1_mean128_qwen_vocab.json").read_text())
+    source = json.loads((cpu_layer.DEMO / "alpaca_en_demo.json").read_text())
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    lengths = []
+    for row in rows:
+        whole = next(r for r in source if r["instruction"] == row["instruction"] and r["input"] == row["input"])
+        assert whole["output"].startswith(row["output"].strip()[:20])      # a cut of the real response
+        lengths.append(len(tok(row["instruction"] + row["input"])["input_ids"]) + len(tok(row["output"])["input_ids"]))
+    assert len(rows) == 240
+    mean, cv = statistics.mean(lengths), statistics.pstdev(lengths) / statistics.mean(lengths)
+    assert 0.8 * 128 <= mean <= 1.2 * 128 and 0.8 <= cv <= 1.2
+    assert figures["mean"] == pytest.approx(mean, rel=0.05) and figures["cv"] == pytest.approx(cv, abs=0.1)
+    info = json.loads((tmp_path / "data" / "dataset_info.json").read_text())
+    assert info["cv1_mean128_qwen_vocab"]["file_name"].endswith("cv1_mean128_qwen_vocab.json")
+
+
+@pytest.mark.parametrize("method", ["standard_batch", "standard_by_length"])
+def test_the_batched_peers_train_a_step_as_one_micro_batch(tmp_path, monkeypatch, method):
+    monkeypatch.setattr(cpu_layer, "RUNS", tmp_path)
+    keys = cpu_layer.config(method, tmp_path, 128, 40, 8, tmp_path / "out")
+    assert (keys["per_device_train_batch_size"], keys["gradient_accumulation_steps"]) == (8, 1)
+    assert (keys.get("train_sampling_strategy") == "group_by_length") == (method == "standard_by_length")
+    odb = cpu_layer.config("odb_groups", tmp_path, 128, 40, 8, tmp_path / "out", dataset="cv1_mean128_qwen_vocab")
+    assert (odb["per_device_train_batch_size"], odb["gradient_accumulation_steps"]) == (1, 8)
+    assert odb["odb_step"] == "groups" and odb["dataset"] == "cv1_mean128_qwen_vocab"
