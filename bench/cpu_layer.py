@@ -23,6 +23,8 @@ mostly a micro-batch's fixed cost:
 Methods, one epoch each over the same training split, batch 1 per device × `--accumulation`:
   Standard                   LLaMA-Factory as it is
   Standard, batch = accum.   the same samples per optimizer step as one padded micro-batch per rank
+  Standard, group_by_length  the same with `train_sampling_strategy: group_by_length` (a peer: transformers'
+                             length-grouped sampler changes which samples share a step)
   ODB default                `odb_enable: true` and nothing else (auto: padding-free rows, per-segment attention,
                              odb_token_budget 1024 on CPU, logits at the supervised positions only)
   ODB default, eager         the same with `odb_lazy_preprocess: false`: rows tokenised before training, as
@@ -35,8 +37,9 @@ Methods, one epoch each over the same training split, batch 1 per device × `--a
   ODB default, all logits    `odb_supervised_logits: false`: logits at every position, as Standard computes them
                              (the control that isolates what leaving out the prompt positions' logits saves)
   ODB padding-free + mask    `odb_padding_free: true`, `odb_packed_attention: mask` (transformers' dense block mask)
-All train the same samples in the same optimizer steps (the eval loss after them is printed to
-check it). Repeats interleave the methods in a seeded random order; throughput is train samples
+  ODB groups                 `odb_step: groups` (token-budgeted optimizer steps: another model)
+All but group_by_length and ODB groups train the same samples in the same optimizer steps (the
+eval loss after them is printed to check it). Repeats interleave the methods in a seeded random order; throughput is train samples
 over HF's `train_runtime`; ratios are per repeat against that repeat's Standard, median [min, max].
 """
 
