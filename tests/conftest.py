@@ -1,5 +1,6 @@
 import json
 import os
+import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -46,6 +47,7 @@ def pytest_runtest_teardown(item, nextitem):
     for path in Path(hits).glob("*.hits"):
         state()._stats.update(path.read_text().split())
         path.unlink()
+    getattr(sys.modules.get("sitecustomize"), "forget_written", lambda: None)()
 
 
 @pytest.fixture(scope="session")

@@ -57,7 +57,8 @@ class PlanSampler(Sampler):
             return
         while True:
             try:
-                item = source.get(timeout=1.0)
+                # the poll only bounds how soon a planner that stopped is noticed
+                item = source.get(timeout=1.0)  # pragma: no mutate, see above
             except queue.Empty:
                 if planner is not None and not planner.is_alive() and source.empty():
                     raise RuntimeError("the ODB planner thread stopped without a result")

@@ -34,8 +34,7 @@ def _tensor(buffer: bytearray, dtype: torch.dtype, shape: tuple) -> torch.Tensor
     """Rebuild a tensor over its unpickled (writable) buffer, without another copy."""
     if not buffer:
         return torch.empty(shape, dtype=dtype)
-    flat = torch.frombuffer(buffer, dtype=dtype)
-    return flat if len(shape) == 1 else flat.reshape(shape)
+    return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
 
 
 def _inline(tensor: torch.Tensor, limit: Optional[int]) -> Optional[tuple]:
@@ -54,7 +53,8 @@ def _inline(tensor: torch.Tensor, limit: Optional[int]) -> Optional[tuple]:
 
 
 def _reduce_sample_tensor(tensor: torch.Tensor) -> tuple:
-    return _inline(tensor, None) or tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    # torch's own reduction does not read the protocol
+    return _inline(tensor, None) or tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # pragma: no mutate, see above
 
 
 class _SamplePickler(pickle.Pickler):

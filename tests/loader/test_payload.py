@@ -107,6 +107,7 @@ def test_only_a_result_tensor_above_the_limit_leaves_the_blob():
     assert len(blob) < SHARED_ABOVE        # the large tensor's bytes went to shared memory
     back = pickle.loads(bytes(blob))
     assert torch.equal(back["large"], large) and torch.equal(back["small"], small)
+    assert back["large"].is_shared() and not back["small"].is_shared()
     # a packed sample carries every tensor inline, whatever its size
     assert len(pack({"large": large}).blob) > SHARED_ABOVE
 

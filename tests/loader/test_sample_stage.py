@@ -60,6 +60,24 @@ def test_a_fetch_returns_each_index_with_its_sample_and_cost():
     assert [c.input_tokens for _, _, c in out] == [1, 3] and all(type(c) is SampleCost for _, _, c in out)
 
 
+def test_a_cost_function_with_many_costs_a_fetch_in_one_call():
+    calls = []
+
+    class Batched:
+        def __call__(self, sample):
+            calls.append("one")
+            return SampleCost(len(sample["input_ids"]), 0)
+
+        def many(self, samples):
+            calls.append("many")
+            return [SampleCost(len(s["input_ids"]), 1) for s in samples]
+    out = CostedDataset(ROWS, Batched()).fetch([0, 1, 3])
+    assert calls == ["many"] and [c.label_tokens for _, _, c in out] == [1, 1, 1]
+    calls.clear()
+    assert CostedDataset(ROWS, Batched().__call__).fetch([2])[0][2].input_tokens == 1   # no `many`
+    assert calls == ["one"]
+
+
 def test_a_missing_key_names_the_dataset_index():
     rows = {5: {"input_ids": [1, 2]}, 6: {"text": "no ids"}}       # keyed by dataset index
     with pytest.raises(MissingCostKeyError, match="dataset sample 6: "):
@@ -84,9 +102,15 @@ def test_in_thread_samples_run_the_pipeline_in_order(packed):
         def __getitem__(self, i):
             calls.append(i)
             return super().__getitem__(i)
+    class CountingFetches(CostedDataset):
+        def fetch(self, indices):
+            fetches.append(len(indices))
+            return super().fetch(indices)
+    fetches = []
     order = list(reversed(range(len(rows))))
-    out = list(in_thread_samples(CostedDataset(Counting(rows), DefaultCost()), iter(order), packed))
+    out = list(in_thread_samples(CountingFetches(Counting(rows), DefaultCost()), iter(order), packed))
     assert [i for i, _, _ in out] == order == calls
+    assert fetches == [IN_THREAD_CHUNK, 10]
     assert all((type(s) is Packed) == packed for _, s, _ in out)
     assert [unpack(s) for _, s, _ in out] == [rows[i] for i in order]
     assert [c.input_tokens for _, _, c in out] == [len(rows[i]["input_ids"]) for i in order]
