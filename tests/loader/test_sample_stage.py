@@ -39,6 +39,9 @@ def test_chunks_cover_the_order_in_consecutive_pieces(n, size):
 
 
 def test_the_sampler_reads_its_current_order_each_time_and_stops_on_an_endless_one_when_told():
+    single = ViewSampler()
+    single.order = range(2)
+    assert list(single) == [[0], [1]]                          # one index a fetch by default
     sampler = ViewSampler(chunk=3)
     assert list(sampler) == []
     sampler.order = range(7)
