@@ -39,8 +39,9 @@ Methods, one epoch each over the same training split, batch 1 per device × `--a
   ODB padding-free + mask    `odb_padding_free: true`, `odb_packed_attention: mask` (transformers' dense block mask)
   ODB groups                 `odb_step: groups` (token-budgeted optimizer steps: another model)
 All but group_by_length and ODB groups train the same samples in the same optimizer steps (the
-eval loss after them is printed to check it). Repeats interleave the methods in a seeded random order; throughput is train samples
-over HF's `train_runtime`; ratios are per repeat against that repeat's Standard, median [min, max].
+eval loss after them is printed to check it). Repeats interleave the methods in a seeded random
+order; throughput is train samples over HF's `train_runtime`; ratios are per repeat against that
+repeat's Standard, median [min, max].
 """
 
 from __future__ import annotations
