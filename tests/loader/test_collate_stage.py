@@ -40,17 +40,9 @@ def test_a_replayed_step_is_not_collated():
     assert out_plan is plan and data is None and seen == []
 
 
-class _Steps(torch.utils.data.Sampler):
-    def __init__(self, plans):
-        self.plans = plans
-
-    def __iter__(self):
-        return iter(self.plans)
-
-
 def test_in_a_collate_worker_the_result_crosses_back_whole():
     plans = [_plan([pack({"x": torch.tensor([i, i])})], step=i) for i in range(3)]
-    loader = DataLoader(CollateJob(_stack), sampler=_Steps(plans), batch_size=None, num_workers=1,
+    loader = DataLoader(CollateJob(_stack), sampler=plans, batch_size=None, num_workers=1,
                         collate_fn=lambda x: x)
     out = list(loader)
     assert [p.step for p, _ in out] == [0, 1, 2]
