@@ -17,6 +17,7 @@ from typing import Any, List, Optional, Sequence
 
 import torch.distributed as dist
 
+from . import exit_grace
 from .errors import ODBSyncError
 from .gather import gather_objects
 
@@ -112,6 +113,7 @@ class SyncChannel:
                 f"rank {rank}: cannot create the ODB alignment channel (a Gloo group over "
                 f"{world} ranks): {exc}. ODB refuses to run without it; check that torch "
                 f"was built with Gloo and that MASTER_ADDR/MASTER_PORT reach every rank") from exc
+        exit_grace.install()  # a Gloo group's last collective must not abort the exit
         return cls(group, rank, world, timeout_s, store=_arrivals_store(group))
 
     def all_gather(self, obj: Any, what: str, epoch: int = -1, round: int = -1) -> List[Any]:
