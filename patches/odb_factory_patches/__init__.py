@@ -58,6 +58,9 @@ def apply() -> None:
     llamafactory_sft_workflow.apply()
     llamafactory_pt_workflow.apply()
     llamafactory_dpo_trainer.apply()
+    # every run, ODB or not: a rank's final evaluation gather can otherwise abort its exit
+    from odb_factory.comm import exit_grace
+    exit_grace.install()
     cpu_resume = cpu_resume_unsupported_reason()
     if cpu_resume is not None:
         logger.warning("odb-factory's CPU-resume fix (torch_serialization) is not installed, so "

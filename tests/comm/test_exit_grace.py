@@ -72,3 +72,12 @@ def test_control_without_grace_the_exit_aborts(tmp_path):
         outputs.append(proc.returncode)
     pytest.fail(f"8 runs without the grace all exited cleanly ({outputs}): the race this guards "
                 "against did not show; the test above proves nothing on this machine")
+
+
+@pytest.mark.slow
+def test_the_llamafactory_patches_install_it_for_every_run():
+    """Standard runs (odb_enable false) end with the same evaluation gather."""
+    code = ("import odb_factory_patches as patches; from odb_factory.comm import exit_grace; "
+            "assert not exit_grace._installed; patches.apply(); print(exit_grace._installed)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split()[-1] == "True", proc.stderr[-3000:]
