@@ -32,9 +32,15 @@ def test_the_old_batch_names_warn_and_answer(old, new):
     batch = _batch()
     with pytest.warns(DeprecationWarning, match=rf"ODBBatch\.{old} is deprecated.*ODBBatch\.{new}"):
         assert getattr(batch, old) == getattr(batch, new)
-    with pytest.raises(AttributeError, match="no attribute 'num_token'"):
+    with pytest.raises(AttributeError, match="^'ODBBatch' object has no attribute 'num_token'$"):
         batch.num_token  # noqa: B018
     assert batch.num_samples == 2  # a real property is not routed through the aliases
+
+
+def test_an_old_batch_name_warns_at_the_line_that_reads_it():
+    with pytest.warns(DeprecationWarning) as caught:
+        _batch().num_tokens  # noqa: B018
+    assert [w.filename for w in caught] == [__file__]
 
 
 def test_the_old_orchestrate_package_warns_and_reexports():

@@ -53,9 +53,9 @@ class StepRebalancer:
     def plan(self, all_costs: Sequence[Sequence[Sequence[SampleCost]]], round_no: int,
              epoch: int) -> Tuple[Layout, Dict[str, float]]:
         """The layout every rank computes from the gathered costs, and its figures."""
-        world, slots = len(all_costs), len(all_costs[0]) if all_costs else 0
-        layout: Layout = [[[(r, p, i) for i in range(len(all_costs[r][p]))] for p in range(slots)]
-                          for r in range(world)]
+        world = len(all_costs)
+        layout: Layout = [[[(r, p, i) for i in range(len(slot))] for p, slot in enumerate(rank)]
+                          for r, rank in enumerate(all_costs)]
         metrics: Dict[str, float] = {}
         started = time.perf_counter()
         if self.global_grouping:

@@ -40,6 +40,7 @@ def local(world, **kwargs):
 def test_node_of_groups_consecutive_ranks():
     r = local(5, spec=None, ranks_per_node=2)
     assert [r.node_of(k) for k in range(5)] == [0, 0, 1, 1, 2]
+    assert [local(3, spec=None).node_of(k) for k in range(3)] == [0, 1, 2]   # default: a node per rank
 
 
 def test_without_balancing_or_regrouping_the_layout_is_the_aligned_one():
@@ -57,8 +58,26 @@ def test_an_uneven_step_is_re_dealt_by_hand():
     step0 = sorted(sorted(costs[src][p][pos].input_tokens for src, p, pos in layout[r][0]) for r in range(2))
     assert step0 == [[10, 20], [30]]
     assert [layout[r][1] for r in range(2)] == [[(0, 1, 0)], [(1, 1, 0)]]   # nothing to gain: stays
-    assert metrics["balance_max_over_lb_before"] > metrics["balance_max_over_lb"] == 1.0
+    # step 0: 60 on one rank over a lower bound of 30; step 1 already at its bound: mean (2 + 1) / 2
+    assert metrics["balance_max_over_lb_before"] == 1.5
+    assert metrics["balance_max_over_lb"] == 1.0
     assert metrics["balance_unbalanced_steps"] == 0.0
+    assert 0.0 <= metrics["balance_planning_s"] < 60.0
+
+
+def test_samples_of_zero_cost_report_ratios_of_one():
+    """A step whose samples cost nothing has a lower bound of 0: the ratios read 1.0."""
+    layout, metrics = local(2, spec=spec("lpt")).plan([[[SampleCost(0, 0)]], [[]]], round_no=0, epoch=0)
+    assert sorted(src for rank in layout for src in rank[0]) == [(0, 0, 0)]
+    assert (metrics["balance_max_over_lb_before"], metrics["balance_max_over_lb"]) == (1.0, 1.0)
+
+
+def test_a_round_with_no_step_to_balance_reports_ratios_of_one():
+    """No balanced step: the logged max/lower-bound ratios read 1.0 (nothing over the bound)."""
+    layout, metrics = local(2, spec=spec("lpt")).plan([[[]], [[]]], round_no=0, epoch=0)
+    assert layout == [[[]], [[]]]
+    assert (metrics["balance_max_over_lb_before"], metrics["balance_max_over_lb"],
+            metrics["balance_unbalanced_steps"]) == (1.0, 1.0, 1.0)
 
 
 tokens_st = st.integers(1, 300)
@@ -131,8 +150,14 @@ def _rebalance_rank(rank, world, mode, ranks_per_node):
             payloads[uid] = {"index": index, "born_on": rank}
             samples.append(PlannedSample(uid, index, SampleCost(t, t // 2)))
         slots.append(Slot(tuple(samples), 4, p, 777, 55, budget.group_cost(samples)))
-    rebalancer = StepRebalancer(SyncChannel.create(30.0), spec(mode, ranks_per_node), budget,
-                                ranks_per_node=ranks_per_node)
+    channel = SyncChannel.create(30.0)
+    exchanges, gather = [], channel.all_gather
+
+    def recorded(obj, what, epoch=-1, round=-1):
+        exchanges.append((what, epoch, round))
+        return gather(obj, what, epoch, round)
+    channel.all_gather = recorded
+    rebalancer = StepRebalancer(channel, spec(mode, ranks_per_node), budget, ranks_per_node=ranks_per_node)
 
     def summary(moved):
         return {"slots": [([(s.uid, s.index, s.cost.input_tokens) for s in slot.samples], slot.round,
@@ -142,7 +167,7 @@ def _rebalance_rank(rank, world, mode, ranks_per_node):
     recounted = summary(rebalancer.rebalance(slots, costs, payloads.__getitem__, epoch=1))
     kept = summary(rebalancer.rebalance(slots, costs, payloads.__getitem__, epoch=1, step_totals=True))
     return {"before": [[(s.uid, s.index) for s in slot.samples] for slot in slots],
-            "recounted": recounted, "kept": kept}
+            "recounted": recounted, "kept": kept, "exchanges": exchanges}
 
 
 @pytest.mark.slow
@@ -166,6 +191,7 @@ def test_rebalanced_step_keeps_every_sample_once_and_lowers_the_max_rank_cost(wo
                 assert {a[4] for a in after} == {sum(len(tokens[r][p]) for r in range(world))}
             else:                    # step_totals: the optimizer step's counts, unchanged
                 assert {(a[3], a[4]) for a in after} == {(777, 55)}
+            assert [a[5] for a in after] == [rank_cost(mode, c) for c in column]   # recosted where it lands
         for rank, r in enumerate(results):
             res = r[key]
             born_here = {uid: index for slot in r["before"] for uid, index in slot}
@@ -191,6 +217,8 @@ def test_rebalanced_step_keeps_every_sample_once_and_lowers_the_max_rank_cost(wo
         total_bytes = sum(r[key]["metrics"]["balance_bytes_intra_node"] + r[key]["metrics"]["balance_bytes_inter_node"]
                           for r in results)
         assert total_bytes > 0
+    # the exchange is addressed to the slots' epoch and round (each rebalance: one size exchange)
+    assert all(r["exchanges"] == [("balance sizes", 1, 4)] * 2 for r in results)
 
 
 def _regroup_rank(rank, world):
@@ -222,3 +250,26 @@ def test_global_grouping_moves_samples_into_fewer_steps_within_the_budget():
     assert got == [0, 1, 10, 20, 100, 110, 111, 120]
     assert all(cost <= 64 for r in results for cost in r[1])
     assert all(r[2] == 1.0 for r in results)
+
+
+def test_global_grouping_is_seeded_by_the_run_seed_epoch_and_round(monkeypatch):
+    """Every rank derives the same regrouping from (seed, epoch, round): the seed reaching the
+    planner is that triple, read from the slots being re-laid out."""
+    from odb_factory.loader import step_rebalancer
+    from odb_factory.planning.grouping import PlannedSample
+    from odb_factory.planning.rounds import Slot
+    seeds, real = [], step_rebalancer.regroup_round
+
+    def spy(all_costs, budget, ranks_per_node, seed):
+        seeds.append(seed)
+        return real(all_costs, budget, ranks_per_node, seed=seed)
+    monkeypatch.setattr(step_rebalancer, "regroup_round", spy)
+    budget = Budget(64)
+    sample = PlannedSample(0, 5, SampleCost(10, 10))
+    slots = [Slot((sample,), 6, 0, 10, 1, budget.group_cost([sample]))]   # a round of one step
+    moved = local(1, spec=None, budget=budget, global_grouping=True, seed="run7").rebalance(
+        slots, [[[sample.cost]]], lambda uid: uid, epoch=2)
+    assert [[s.index for s in slot.samples] for slot in moved.slots] == [[5]]
+    local(1, spec=None, budget=budget, global_grouping=True).rebalance(slots, [[[sample.cost]]], lambda uid: uid,
+                                                                       epoch=0)
+    assert seeds == ["run7:2:6", ":0:6"]   # without a run seed: the empty string

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+from types import SimpleNamespace
 
 import pytest
 from torch.utils.data import DataLoader, Dataset
@@ -59,3 +60,26 @@ def test_an_error_with_no_dead_worker_is_not_renamed():
         raise ConnectionError("the peer hung up")
     with pytest.raises(ConnectionError, match="the peer hung up"):
         list(named_worker_deaths(broken(), "sample", 0))     # a plain iterator has no workers
+
+
+def test_every_dead_worker_is_named_in_one_message():
+    """Two workers gone at once (their pids and exit codes as torch's iterator keeps them);
+    one that exited cleanly or still runs is left out."""
+    class Iterator:
+        _workers = [SimpleNamespace(pid=11, exitcode=-9), SimpleNamespace(pid=12, exitcode=None),
+                    SimpleNamespace(pid=13, exitcode=0), SimpleNamespace(pid=14, exitcode=2)]
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            raise RuntimeError("DataLoader worker exited unexpectedly")
+
+    class Loader:
+        def __iter__(self):
+            return Iterator()
+
+    with pytest.raises(RuntimeError) as raised:
+        list(named_worker_deaths(Loader(), "collate", 1))
+    assert str(raised.value) == ("collate worker pid 11 was killed by signal 9, pid 14 exited with code 2 "
+                                 "on rank 1 " + HINT)
