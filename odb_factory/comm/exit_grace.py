@@ -10,8 +10,8 @@ final evaluation's gather on a rank that writes nothing afterwards (torch 2.14.1
 discussion: pytorch/pytorch pull request 179291, closed unmerged).
 
 Sleeping in an atexit handler releases the GIL while the interpreter is still whole, so a
-waiting worker thread finishes first. It covers collectives the caller waited for, which
-is every collective odb-factory and LLaMA-Factory issue; one left running without a wait
+waiting worker thread finishes first. It covers collectives the caller waited for (all of
+odb-factory's, and those traced in a LLaMA-Factory run); one left running without a wait
 could outlast it.
 """
 
