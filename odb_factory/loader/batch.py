@@ -55,10 +55,8 @@ class ODBBatch:
         # only reached for names the instance lacks: the renamed ones warn and answer
         if name in _RENAMED:
             new = _RENAMED[name]
-            # stacklevel 2: the reader's line (tests/test_public_api.py; a mutation run's trampoline
-            # adds a frame, so the level is not mutated)
+            # stacklevel 2: the line that read the old name
             warnings.warn(f"ODBBatch.{name} is deprecated (renamed {new} in 0.2.0; the old name goes "
-                          f"in 0.3.0): read ODBBatch.{new}", DeprecationWarning,
-                          stacklevel=2)  # pragma: no mutate, see above
+                          f"in 0.3.0): read ODBBatch.{new}", DeprecationWarning, stacklevel=2)
             return getattr(self, new)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
