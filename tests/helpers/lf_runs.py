@@ -21,7 +21,10 @@ from odb_factory.llamafactory import launch
 from odb_factory.llamafactory.audit_ledger import read_ledger
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_DEMO = REPO.parent / "shared" / "data" / "llamafactory_demo"
+# the shared demo data beside the checkout (a mutation run's copy of the tests sits deeper in it)
+SHARED_DEMO = next((d / "shared" / "data" / "llamafactory_demo" for d in REPO.parents
+                    if (d / "shared" / "data" / "llamafactory_demo").is_dir()),
+                   REPO.parent / "shared" / "data" / "llamafactory_demo")
 BIN = Path(sys.executable).parent
 NUM_SAMPLES = 96  # tests/conftest.py's demo_data
 

@@ -8,6 +8,7 @@ with logits at the supervised positions only (`odb_supervised_logits`, the train
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -264,6 +265,54 @@ def test_pack_group_layout_and_errors():
         pack_group(left, [3, 2])
     with pytest.raises(ValueError, match="2 lengths for a batch of 2 rows|3 lengths"):
         pack_group(batch, [3, 2, 1])
+
+
+def test_pack_group_keeps_each_samples_rope_positions_and_names_bad_inputs():
+    """Rows 1-3 of a Qwen-VL position tensor are each sample's own rope positions (distinct
+    values here, so a wrong row, sample or slice shows); row 0 restarts per sample."""
+    batch = {"input_ids": torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]]),
+             "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
+             "labels": torch.tensor([[-100, 6, 7, -100], [-100, 9, -100, -100]])}
+    rope = torch.arange(3 * 2 * 4).reshape(3, 2, 4) + 100  # (t, h, w) x row x token
+    for positions in (rope, torch.cat([torch.zeros(1, 2, 4, dtype=torch.long), rope])):
+        packed = pack_group(dict(batch, position_ids=positions), [3, 2], placeholder=1)
+        assert packed["position_ids"].tolist() == [
+            [[0, 1, 2, 0, 1, 0]],
+            [[100, 101, 102, 104, 105, 0]],
+            [[108, 109, 110, 112, 113, 0]],
+            [[116, 117, 118, 120, 121, 0]]]
+        two_rows = pack_group(dict(batch, position_ids=positions), [3, 2], row_tokens=3)
+        assert two_rows["position_ids"].tolist() == [
+            [[0, 1, 2], [0, 1, 0]],
+            [[100, 101, 102], [104, 105, 0]],
+            [[108, 109, 110], [112, 113, 0]],
+            [[116, 117, 118], [120, 121, 0]]]
+    text = pack_group(dict(batch, position_ids=torch.arange(4).repeat(2, 1) + 7), [3, 2], row_tokens=3)
+    assert text["position_ids"].tolist() == [[0, 1, 2], [0, 1, 0]]
+    plain = pack_group(batch, [3, 2], row_tokens=3)   # no position ids: each sample's arange
+    assert plain["position_ids"].tolist() == [[0, 1, 2], [0, 1, 0]] and plain["use_cache"] is False
+    assert "attention_mask" not in plain and plain["max_length_q"] == plain["max_length_k"] == 3
+    assert plain["cu_seq_lens_k"].tolist() == [0, 3, 5, 6]
+    with pytest.raises(ValueError, match=re.escape("pack_group: position_ids of shape (3, 2, 5) for a batch "
+                                                   "of 2x4")):
+        pack_group(dict(batch, position_ids=torch.zeros(3, 2, 5, dtype=torch.long)), [3, 2])
+    with pytest.raises(ValueError, match=re.escape("pack_group: position_ids of shape (2, 2, 2, 4) for a batch")):
+        pack_group(dict(batch, position_ids=torch.zeros(2, 2, 2, 4, dtype=torch.long)), [3, 2])
+    with pytest.raises(ValueError, match=re.escape("pack_group: lengths [4, 2] (+1) exceed the batch width 4")):
+        pack_group(batch, [4, 2], placeholder=1)
+    with pytest.raises(ValueError, match=re.escape("pack_group: lengths [3, 5] (+0) exceed the batch width 4")):
+        pack_group(batch, [3, 5])
+    # the placeholder (row 0 after its real tokens) goes after every sample
+    assert pack_group(batch, [3, 2], placeholder=1)["input_ids"].tolist() == [[5, 6, 7, 8, 9, 0]]
+    with pytest.raises(ValueError, match=re.escape("pack_group: 1 lengths for a batch of 2 rows")):
+        pack_group(batch, [3])
+    with pytest.raises(ValueError, match=re.escape("pack_group: a row's real tokens are not its first tokens "
+                                                   "(left padding?); padding-free rows need the tokenizer's "
+                                                   "padding_side: right")):
+        pack_group(dict(batch, attention_mask=torch.tensor([[1, 1, 1, 0], [1, 0, 1, 0]])), [3, 2])
+    # a 4-d mask (a model's own) is not read as the collator's padding
+    assert pack_group(dict(batch, attention_mask=torch.zeros(2, 1, 4, 4)), [3, 2])["input_ids"].tolist() == [
+        [5, 6, 7, 8, 9]]
 
 
 def test_refusal_names_the_supported_models():
