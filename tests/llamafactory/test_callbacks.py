@@ -165,7 +165,88 @@ def test_a_checkpoint_without_this_ranks_state_is_refused_by_name(tmp_path):
     try:
         callback.resume_from = str(tmp_path / "checkpoint-7")
         with pytest.raises(FileNotFoundError, match=r"odb_state_rank0\.json is missing: this checkpoint was not "
-                                                    r"written by an ODB run with the same world size"):
+                                                    r"written by an ODB run with the same world size, so ODB cannot "
+                                                    r"resume its data position$"):
             callback.on_train_begin(None, TrainerState(global_step=7), control)
     finally:
         loader.loader.close()
+
+
+def test_the_step_bound_is_the_samples_estimate_at_least_two_steps_ahead(tmp_path):
+    """Each step: HF's bound is global_step / fraction of the run's samples consumed, rounded, and
+    never within two steps of the count; the epoch is the fraction of this epoch's samples."""
+    loader, callback, control = _world(tmp_path, audit=False)
+    state = TrainerState(max_steps=3, eval_steps=1000)
+    seen = []
+
+    def after_step():
+        seen.append((state.global_step, callback.progress.fraction, state.max_steps, state.epoch,
+                     loader.epoch_consumed, control.should_training_stop))
+    try:
+        loader.set_epoch(0)
+        _train(loader, callback, control, state, None, after_step=after_step)
+    finally:
+        loader.loader.close()
+    *running, last = seen
+    assert len(running) >= 3 and any(step + 2 > round(step / fraction) for step, fraction, *_ in running)
+    for step, fraction, bound, epoch, consumed, stop in running:
+        assert bound == max(round(step / fraction), step + 2), (step, fraction)
+        assert epoch == consumed / SAMPLES and not stop
+    step, fraction, bound, epoch, consumed, stop = last
+    assert fraction == 1.0 and bound == step and epoch == 1.0 and stop
+
+
+def test_a_stop_at_hfs_estimate_is_undone_and_any_other_stop_kept(tmp_path):
+    """HF's flow callback stops the loop when global_step reaches its step bound (an estimate
+    ODB's variable steps overrun): undone. A stop another callback asks for before that: kept."""
+    loader, callback, control = _world(tmp_path, audit=False)
+    try:
+        loader.set_epoch(0)
+        state = TrainerState(max_steps=100)
+        callback.on_train_begin(None, state, control)
+        micro = 0
+        for _ in loader:
+            micro += 1
+            if micro % ACCUMULATION:
+                continue
+            state.global_step += 1
+            if state.global_step == 1:
+                state.max_steps = 1
+                control.should_training_stop = True   # HF: global_step >= max_steps
+                callback.on_step_end(None, state, control)
+                assert not control.should_training_stop and state.max_steps >= 3
+            else:
+                control.should_training_stop = True   # a user's callback, below the bound
+                callback.on_step_end(None, state, control)
+                assert control.should_training_stop
+                break
+    finally:
+        loader.loader.close()
+
+
+@pytest.mark.parametrize("from_user", [True, False])
+def test_the_bound_is_the_users_max_steps_when_given(tmp_path, from_user):
+    loader, callback, control = _world(tmp_path, audit=False)
+    callback.max_steps_from_user = from_user
+    try:
+        loader.set_epoch(0)
+        state = _train(loader, callback, control, TrainerState(max_steps=50), None, stop_after=2)
+        assert state.max_steps == (50 if from_user else max(round(2 / callback.progress.fraction), 4))
+        callback.on_train_end(None, state, control)
+        assert state.max_steps == (50 if from_user else 2)
+    finally:
+        loader.loader.close()
+
+
+def test_a_new_run_into_an_audit_dir_starts_its_ledger_again(tmp_path):
+    old = tmp_path / "audit" / "rank0.jsonl"
+    old.parent.mkdir()
+    old.write_text("".join(json.dumps({"step": s, "indices": []}) + "\n" for s in (1, 2, 3)))
+    loader, callback, control = _world(tmp_path)
+    try:
+        loader.set_epoch(0)
+        _train(loader, callback, control, TrainerState(max_steps=100), None, stop_after=2)
+    finally:
+        loader.loader.close()
+    (lines,) = read_rank_ledgers(str(tmp_path / "audit"))
+    assert [line["step"] for line in lines] == [1, 2] and all(line["indices"] for line in lines)
