@@ -4,9 +4,9 @@ A model cannot train on part of an image: such a row fails when the lazy pipelin
 (`LazySupervisedDataset._check_vision_tokens`), possibly late in the epoch. Before the first
 step this pass finds them without running the pipeline on every row: an upper bound of each
 row's tokens comes from its text's UTF-8 bytes (a byte-level or byte-fallback tokenizer never
-makes more tokens than bytes), a per-turn allowance for the template, and a per-image and
-per-video bound from the processor's patch and merge sizes at the run's pixel limits, and a
-per-clip bound for audio (a clip is cut to 30 s: at most 750 tokens, Qwen2.5-Omni). Only
+makes more tokens than bytes), a per-turn allowance for the template, a per-image and
+per-video bound from the processor's patch and merge sizes at the run's pixel limits (for an
+image of any shape LLaMA-Factory's plugin and the processor accept), and a per-clip bound for audio (a clip is cut to 30 s: at most 750 tokens, Qwen2.5-Omni). Only
 rows whose bound reaches `cutoff_len` can be cut; those few are run through the real
 pipeline, which says exactly whether their vision tokens survive.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
+from types import MappingProxyType
 from typing import Any, List, NamedTuple, Optional
 
 from .lazy_dataset import TruncatedVisionTokensError
@@ -35,13 +36,51 @@ class VisionTokenBounds(NamedTuple):
     per_audio: int = PER_AUDIO
 
 
+# Qwen-VL processors refuse images whose sides differ by more than this factor
+MAX_ASPECT_RATIO = 200
+# the most (long side + short side) / sqrt(area) can be at that ratio
+SIDES_PER_ROOT_AREA = math.sqrt(MAX_ASPECT_RATIO) + 1 / math.sqrt(MAX_ASPECT_RATIO)
+# LLaMA-Factory's Qwen-VL plugin widens an image (or video frame) thinner than this to it, after
+# scaling it to the run's pixel limits: a strip can end up with more pixels than the limit
+MIN_SIDE = 28
+
+
+def _plugin_pixels(limit: int) -> int:
+    """Most pixels an image has after LLaMA-Factory's Qwen-VL plugin at a run limit of `limit`
+    pixels: the limit, or a strip widened to MIN_SIDE pixels (its long side at most `limit`, as
+    it was at least one pixel wide, and at most MAX_ASPECT_RATIO times MIN_SIDE)."""
+    return max(limit, MIN_SIDE * min(limit, MAX_ASPECT_RATIO * MIN_SIDE))
+
+
 def _pixels_to_tokens(pixels: float, side: int) -> int:
-    """Tokens of an image of at most `pixels` pixels, cut into side x side tiles per token;
-    one extra row and column of tiles covers the rounding of both sides."""
-    return math.ceil(pixels / side ** 2) + 2 * math.ceil(math.sqrt(pixels) / side) + 1
+    """Most tokens of an image of at most `pixels` pixels, cut into side x side tiles per token,
+    whatever its shape: the processor rounds each side to whole tiles (up to one more tile along
+    each side, and a thin image's short side up to a whole tile), so beyond the area's tiles it
+    adds at most (long + short side) / side of them."""
+    return math.ceil(pixels / side ** 2 + SIDES_PER_ROOT_AREA * math.sqrt(pixels) / side) + 1
 
 
-def vision_token_bounds(processor: Any, data_args: Any) -> Optional[VisionTokenBounds]:
+# LLaMA-Factory's defaults where a processor carries no limit (its plugins read them so)
+PIXEL_DEFAULTS = MappingProxyType({"image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32,
+                                   "video_max_pixels": 256 * 256, "video_min_pixels": 16 * 16,
+                                   "video_maxlen": 128})
+
+
+def _run_limit(processor: Any, name: str) -> int:
+    """A media limit of the run: LLaMA-Factory's `patch_processor` copies the model arguments'
+    image/video pixel limits and frame count onto the processor, where its plugins read them."""
+    return int(getattr(processor, name, None) or PIXEL_DEFAULTS[name])
+
+
+def _processor_min_pixels(image_processor: Any) -> int:
+    """The pixels the processor scales a smaller image up to (transformers 4.x: `min_pixels` or
+    `size["shortest_edge"]`; 5.x: `size.shortest_edge` of a SizeDict)."""
+    size = getattr(image_processor, "size", None)
+    edge = size.get("shortest_edge") if isinstance(size, dict) else getattr(size, "shortest_edge", None)
+    return int(getattr(image_processor, "min_pixels", None) or edge or 0)
+
+
+def vision_token_bounds(processor: Any) -> Optional[VisionTokenBounds]:
     """Upper bounds of one image's and one video's tokens, or None when the processor does not
     say how it tiles images (then the lazy check names cut rows when they are trained)."""
     image_processor = getattr(processor, "image_processor", None)
@@ -49,17 +88,16 @@ def vision_token_bounds(processor: Any, data_args: Any) -> Optional[VisionTokenB
     merge = getattr(image_processor, "merge_size", None)
     if not (isinstance(patch, int) and isinstance(merge, int)):
         return None
-    size = getattr(image_processor, "size", None) or {}
-    processor_min = (getattr(image_processor, "min_pixels", None)
-                     or (size.get("shortest_edge") if isinstance(size, dict) else None) or 0)
+    processor_min = _processor_min_pixels(image_processor)
     side = patch * merge
-    image_pixels = max(getattr(data_args, "image_max_pixels", 0) or 0,
-                       getattr(data_args, "image_min_pixels", 0) or 0, processor_min)
-    video_pixels = max(getattr(data_args, "video_max_pixels", 0) or 0,
-                       getattr(data_args, "video_min_pixels", 0) or 0, processor_min)
-    frames = getattr(data_args, "video_maxlen", 128) or 128
+
+    def limit(name: str) -> int:
+        return _run_limit(processor, name)
+    image_pixels = max(_plugin_pixels(max(limit("image_max_pixels"), limit("image_min_pixels"))), processor_min)
+    video_pixels = max(_plugin_pixels(max(limit("video_max_pixels"), limit("video_min_pixels"))), processor_min)
     per_image = _pixels_to_tokens(image_pixels, side) + MARKERS_PER_ITEM
-    per_video = frames * (_pixels_to_tokens(video_pixels, side) + MARKERS_PER_ITEM + VIDEO_TEXT_PER_FRAME)
+    per_video = limit("video_maxlen") * (_pixels_to_tokens(video_pixels, side) + MARKERS_PER_ITEM
+                                         + VIDEO_TEXT_PER_FRAME)
     return VisionTokenBounds(per_image, per_video)
 
 
@@ -107,7 +145,7 @@ def find_cut_rows(lazy: Any, threads: Optional[int] = None) -> Optional[CutoffRe
     over the rows that could be cut. None when the processor gives no token bound."""
     dataset_processor = lazy.processor
     data_args = dataset_processor.data_args
-    bounds = vision_token_bounds(dataset_processor.processor, data_args)
+    bounds = vision_token_bounds(dataset_processor.processor)
     if bounds is None:
         return None
     wanted = [c for c in ("_prompt", "_response", "_system", "_tools", "_images", "_videos", "_audios")

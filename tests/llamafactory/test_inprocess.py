@@ -94,13 +94,43 @@ def test_rows_cutoff_len_would_cut_are_found_before_training(lf, tmp_path, tiny_
                            "(found before training; "), text
     assert f"  training row {lazy.rows[cut[0]]}: cutoff_len=128 cuts into its image tokens" in text, text
     # the bound never misses a row the pipeline cuts: every cut row was a candidate
-    bounds = cutoff_preflight.vision_token_bounds(lazy.processor.processor, lazy.processor.data_args)
+    bounds = cutoff_preflight.vision_token_bounds(lazy.processor.processor)
     columns = lazy.converted.to_dict()
     upper = cutoff_preflight.token_upper_bounds(columns, bounds)
     full_lengths = [len(s["input_ids"]) for s in
                     _datasets(lf, base_yaml(tiny_model, demo_data, tmp_path / "d", odb_enable=True,
                                             cutoff_len=100000))[1]]
     assert all(upper[lazy.rows[i]] >= full_lengths[i] for i in range(len(lazy))), "a bound below the real length"
+
+
+def test_rows_whose_image_outgrows_the_text_allowance_are_found_before_training(lf, tmp_path, tiny_model):
+    """Short text, a large image: only the image's bound, at the run's own pixel limit (which
+    LLaMA-Factory keeps on the processor), can make such a row a candidate."""
+    from PIL import Image
+
+    from odb_factory.llamafactory import cutoff_preflight
+    from odb_factory.llamafactory.lazy_dataset import TruncatedVisionTokensError
+    data = tmp_path / "large_images"
+    data.mkdir()
+    rows = []
+    for i in range(3):
+        Image.new("RGB", (512, 512), (40 * i, 90, 200)).save(data / f"large{i}.png")
+        rows.append({"messages": [{"role": "user", "content": "<image>Colour?"},
+                                  {"role": "assistant", "content": "Blue."}], "images": [f"large{i}.png"]})
+    (data / "large.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps({"large": {
+        "file_name": "large.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    config = base_yaml(tiny_model, data, tmp_path / "out", odb_enable=True, dataset="large", media_dir=str(data),
+                       image_max_pixels=512 * 512, cutoff_len=200)  # 256 image tokens a row: each is cut
+    with pytest.raises(TruncatedVisionTokensError, match=r"^3 training row\(s\) would lose image/video/audio "
+                                                         r"tokens to cutoff_len=200 \(found before training; 3 of 3"):
+        _datasets(lf, config)
+    processor = lf[1](lf[0](config)[0])["processor"]
+    bounds = cutoff_preflight.vision_token_bounds(processor)
+    # 512x512 pixels at 32x32 pixels a token: 256 tiles + 14.21 x 16 for the sides' rounding at
+    # any shape, rounded up, + 1, + 2 markers
+    assert bounds.per_image == 484 + 1 + 2
 
 
 @pytest.mark.skipif(not lf_runs.SHARED_DEMO.exists(), reason="shared LLaMA-Factory demo data is absent")
