@@ -214,7 +214,10 @@ def test_audio_stage_on_a_vision_model_is_refused_at_parse_time(lf, tmp_path, ti
     with pytest.raises(ValueError, match=r"^odb_balance_stages: \[audio\] supports Qwen2.5-Omni models; "
                                          r"this model is 'qwen3_vl'\. Remove audio from odb_balance_stages$"):
         lf[0](config)
-    assert "attends across the clips" in audio_stage_refusal("qwen3_omni_moe")
+    assert audio_stage_refusal("qwen3_omni_moe") == (
+        "odb_balance_stages: [audio]: Qwen3-Omni's audio tower attends across the clips of one call under sdpa "
+        "(it builds no mask between them), so encoding a clip beside other ranks' clips would change its "
+        "embeddings. Remove audio from odb_balance_stages")
     assert audio_stage_refusal("qwen2_5_omni") is None
 
 
@@ -269,6 +272,18 @@ def test_padding_free_auto_decides_by_model_and_keys(lf, tmp_path, tiny_model, d
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps(dict(config, model_type="qwen2_vl")))
     assert decided(other) == (False, "padded", "model type 'qwen2_vl' is not verified for packed rows")
+    def options(**keys):
+        return _odb_options(lf[0](base_yaml(tiny_model, demo_data, tmp_path / "out", odb_enable=True, **keys)))
+    # the costs a padding-free group implies: packed, balanced by Σ g(len) (min_move kept)
+    assert (options().config.cost_mode, options().config.balance_mode) == ("packed", "lpt")
+    assert options(odb_balance_mode="min_move").config.balance_mode == "min_move"
+    assert options(odb_padding_free=False).config.balance_mode == "padded"
+    # the value each key was given, as a recipe would write it back
+    assert [options(**({} if v is None else {"odb_padding_free": v})).value_of("odb_padding_free")
+            for v in (None, True, False)] == ["auto", True, False]
+    assert options(odb_balance=True, odb_balance_stages=["vision"]).value_of("odb_balance") is True
+    assert options(odb_balance=True, odb_balance_stages=["vision"]).config.balance is False  # no llm stage
+    assert options().value_of("odb_balance") is False
     with pytest.raises(ValueError, match=r"^odb_padding_free: 'maybe' is not one of \['auto', 'true', 'false'\]$"):
         decided(odb_padding_free="maybe")
     with pytest.raises(ValueError, match=r"^odb_packed_attention: 'dense' is not one of \['segments', 'mask'\]$"):

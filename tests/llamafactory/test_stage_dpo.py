@@ -91,7 +91,8 @@ def test_dpo_refuses_groups_mode_and_padding_free_and_other_stages_keep_their_re
     odb_factory_patches.apply()
     with pytest.raises(ValueError, match="odb_step: groups: stage dpo trains the fixed-batch run's steps"):
         get_train_args(_yaml(text_model, pair_data, tmp_path / "o", odb_enable=True, odb_step="groups"))
-    with pytest.raises(ValueError, match="odb_padding_free: true: stage dpo reads a batch as its chosen rows"):
+    with pytest.raises(ValueError, match=r"odb_padding_free: true: stage dpo reads a batch as its chosen rows, "
+                                         r"then its rejected rows; set odb_padding_free: auto or false"):
         get_train_args(_yaml(text_model, pair_data, tmp_path / "o", odb_enable=True, odb_padding_free=True))
     run = run_of(get_train_args(_yaml(text_model, pair_data, tmp_path / "o", odb_enable=True))[1])
     assert run.options.padding_free is False
