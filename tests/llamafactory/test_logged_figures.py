@@ -180,14 +180,15 @@ def test_a_ledger_line_sums_its_micro_steps():
 
 
 def test_a_ledger_reopened_after_a_step_keeps_the_lines_up_to_it(tmp_path):
-    ledger = AuditLedger(str(tmp_path / "audit"), rank=1)
+    audit = tmp_path / "runs" / "audit"   # made, parents and all
+    ledger = AuditLedger(str(audit), rank=1)
     ledger.open()
     for step in range(1, 6):
         ledger.append({"step": step})
-    assert ledger.path == tmp_path / "audit" / "rank1.jsonl"
-    AuditLedger(str(tmp_path / "audit"), rank=1).open(after_step=3)    # a resume from checkpoint-3
+    assert ledger.path == audit / "rank1.jsonl"
+    AuditLedger(str(audit), rank=1).open(after_step=3)    # a resume from checkpoint-3
     assert [json.loads(line)["step"] for line in ledger.path.read_text().splitlines()] == [1, 2, 3]
-    AuditLedger(str(tmp_path / "audit"), rank=1).open()                # a new run into the same dir
+    AuditLedger(str(audit), rank=1).open()                # a new run into the same dir
     assert ledger.path.read_text() == ""
 
 
