@@ -275,6 +275,19 @@ def test_llamafactory_token_sum_loss_denominator():
     assert float(token_sum_loss(outputs, labels, 40)) == pytest.approx(total / 40, rel=1e-6)
     assert float(token_sum_loss(outputs, labels, torch.tensor(40))) == pytest.approx(total / 40, rel=1e-6)
     assert float(token_sum_loss(outputs, labels, 0)) == pytest.approx(total, rel=1e-6)  # clamped to 1
+    # the logits of the supervised positions only (what a training forward computes in groups
+    # mode): the same loss, and the same gradient for the logits it kept
+    from odb_factory.loss import supervised_positions
+    positions = supervised_positions(labels)
+    assert 0 < positions.numel() < labels.shape[1]
+    full = logits.detach().double().requires_grad_()
+    kept = full[:, positions].detach().requires_grad_()
+    a, b = token_sum_loss({"logits": full}, labels, 40), token_sum_loss({"logits": kept}, labels, 40, positions)
+    a.backward()
+    b.backward()
+    assert float(b) == pytest.approx(float(a), rel=1e-12)
+    assert torch.allclose(kept.grad, full.grad[:, positions], rtol=0, atol=1e-15)
+    assert float(full.grad[:, [i for i in range(labels.shape[1]) if i not in set(positions.tolist())]].abs().sum()) == 0
 
 
 def test_world_one_window_scales_match_hand_counts_and_the_global_gradient():

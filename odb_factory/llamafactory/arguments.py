@@ -33,10 +33,11 @@ class AdapterOptions:
         True, "Run LLaMA-Factory's template, tokenisation and vision-token expansion per sample "
         "in the DataLoader workers instead of an upfront `datasets.map`.", agree=False)
     supervised_logits: bool = option(
-        True, "`odb_step: samples`: the model computes logits only at positions whose next token "
-        "is supervised (`logits_to_keep`), not at prompt, image or padding positions, whose loss "
-        "terms are zero: the same loss and gradients with less of the LM head's work and memory. "
-        "Models whose forward takes no `logits_to_keep` compute them all.", agree=False)
+        True, "In training, the model computes logits only at positions whose next token is "
+        "supervised (`logits_to_keep`), not at prompt, image or padding positions, whose loss "
+        "terms are zero: the same loss and gradients with less of the LM head's work and memory "
+        "(`odb_step: samples`, and `groups` with the window's token-sum loss). Models whose "
+        "forward takes no `logits_to_keep` compute them all.", agree=False)
     audit_dir: Optional[str] = option(
         None, "Write a per-rank JSONL ledger here (one line per optimizer step).", agree=False)
     padding_free: str = option(

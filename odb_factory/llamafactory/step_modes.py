@@ -23,10 +23,10 @@ import sys
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from ..config import ODBConfig, typed_dataclass
 from ..loader import ODBBatch
+from ..loss import weighted_token_sum
 from ..planning.optimizer_steps import StandardStep
 from .padding_free import TOKEN_SAMPLE_KEY, counted_tokens, token_weights
 
@@ -41,17 +41,18 @@ PADDED_GROUP_FILL = 0.8
 CPU_SAMPLES_TOKEN_BUDGET = 1024
 
 
-def token_sum_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
+def token_sum_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None,
+                   positions: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Sum of next-token cross entropy over label tokens / label tokens of the whole
     accumulation window on all ranks (HF counts and all-gathers `num_items_in_batch`, then
-    multiplies by the world size, which DDP's gradient average divides back)."""
+    multiplies by the world size, which DDP's gradient average divides back). `positions`:
+    the logits are those of these positions only (`supervised_positions`)."""
     logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
-    logits = logits[:, :-1, :].float()
-    targets = labels[:, 1:].to(logits.device)
-    total = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
-                            ignore_index=-100, reduction="sum")
+    labels = labels.to(logits.device)
+    total = weighted_token_sum(logits.float(), labels, torch.ones(labels.shape[0], device=logits.device),
+                               positions=positions)
     if num_items_in_batch is None:
-        num_items_in_batch = targets.ne(-100).sum()
+        num_items_in_batch = labels[:, 1:].ne(-100).sum()
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device).clamp(min=1)
     else:

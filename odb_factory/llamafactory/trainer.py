@@ -79,7 +79,9 @@ class ODBTrainerMixin:
         self._odb_loss = self._odb_resolve_loss_scaling()
         loss_function = self._odb_mode.loss_function(self._odb_loss)
         if loss_function is not None:
-            self.compute_loss_func = loss_function
+            self.compute_loss_func = self._odb_window_loss
+            self._odb_window_loss_function = loss_function
+        self._odb_logits_kept: Optional[torch.Tensor] = None  # the positions a training forward computed
         # ODB resumes its own data position from per-rank state (ODBCallback.on_train_begin);
         # HF must not re-skip batches.
         self.args.ignore_data_skip = True
@@ -280,7 +282,17 @@ class ODBTrainerMixin:
         inputs.pop(TOKEN_SAMPLE_KEY, None)  # a packed row's token owners: for the loader and the counts
         weights = inputs.pop("odb_sample_weights", None)
         if weights is None:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            # groups mode: HF's loss call, the window's token sum, at the supervised positions
+            # only when training (evaluation's metrics read every position's logits)
+            kept = (model.training and self._odb_supervised_logits and "labels" in inputs
+                    and self.compute_loss_func == self._odb_window_loss)
+            self._odb_logits_kept = supervised_positions(inputs["labels"]) if kept else None
+            if kept:
+                inputs["logits_to_keep"] = self._odb_logits_kept
+            try:
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            finally:
+                self._odb_logits_kept = None
         labels = inputs.pop("labels")
         positions = supervised_positions(labels) if self._odb_supervised_logits else None
         if positions is not None:
@@ -290,6 +302,11 @@ class ODBTrainerMixin:
         loss = weighted_token_sum(logits.float(), labels.to(logits.device), weights.to(logits.device),
                                   positions=None if positions is None else positions.to(logits.device))
         return (loss, outputs) if return_outputs else loss
+
+    def _odb_window_loss(self, outputs, labels, num_items_in_batch=None):
+        """The step mode's loss over HF's accumulation window (groups mode: `token_sum_loss`),
+        over the logits this forward computed."""
+        return self._odb_window_loss_function(outputs, labels, num_items_in_batch, positions=self._odb_logits_kept)
 
     def floating_point_ops(self, inputs):
         return sum(super(ODBTrainerMixin, self).floating_point_ops(b) for b in micro_batches_of(inputs))
