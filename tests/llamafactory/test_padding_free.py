@@ -315,6 +315,31 @@ def test_pack_group_keeps_each_samples_rope_positions_and_names_bad_inputs():
         [5, 6, 7, 8, 9]]
 
 
+def test_packed_collate_finds_the_placeholder_the_collator_appends_and_counts_real_tokens():
+    """LLaMA-Factory's collator appends its placeholder image's tokens to the first feature in
+    place: PackedCollate reads their number from the feature's new length."""
+    from odb_factory.llamafactory.padding_free import PackedCollate, counted_tokens
+
+    def collate(features, placeholder=(7, 7)):
+        features[0]["input_ids"] = features[0]["input_ids"] + list(placeholder)
+        features[0]["labels"] = features[0]["labels"] + [-100] * len(placeholder)
+        width = max(len(f["input_ids"]) for f in features)
+        return {"input_ids": torch.tensor([f["input_ids"] + [0] * (width - len(f["input_ids"])) for f in features]),
+                "labels": torch.tensor([f["labels"] + [-100] * (width - len(f["labels"])) for f in features])}
+    features = [{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}, {"input_ids": [8, 9], "labels": [8, 9]}]
+    packed = PackedCollate(collate, row_tokens=None, pad_token_id=3)([dict(f) for f in features])
+    assert packed["input_ids"].tolist() == [[5, 6, 7, 8, 9, 7, 7]]
+    assert packed[TOKEN_SAMPLE_KEY].tolist() == [[0, 0, 0, 1, 1, -1, -1]]
+    rows = PackedCollate(collate, row_tokens=4, pad_token_id=3)([dict(f) for f in features])
+    assert rows["input_ids"].tolist() == [[5, 6, 7, 3], [8, 9, 7, 7]]   # padded with the pad token
+    counted = counted_tokens(rows)   # a packed row's real tokens: its samples', as a mask
+    assert sorted(counted) == ["attention_mask", "input_ids"] and counted["input_ids"] is rows["input_ids"]
+    assert counted["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 0, 0]]
+    assert counted["attention_mask"].dtype == torch.long
+    padded = {"input_ids": torch.ones(1, 2), "attention_mask": torch.ones(1, 2)}
+    assert counted_tokens(padded) is padded   # a padded batch counts as HF counts it
+
+
 def test_refusal_names_the_supported_models():
     assert padding_free_refusal("qwen3_vl") is None
     assert "gemma3" in padding_free_refusal("gemma3") and "odb_padding_free: false" in padding_free_refusal("gemma3")
