@@ -38,7 +38,7 @@ def _callback(audit_dir=None):
 def test_a_window_with_every_figure_logs_each_one_exactly():
     callback = _callback()
     callback.window = {
-        "micro_steps": 6.0, "optimizer_steps": 3.0, "samples": 20.0, "global_samples": 41.0,
+        "micro_steps": 7.0, "optimizer_steps": 3.0, "samples": 20.0, "global_samples": 41.0,
         "input_tokens": 1000.0, "padded_tokens": 1234.0,
         "balance_max_over_lb_before": 4.0, "balance_max_over_lb": 3.5, "rounds_seen": 3.0,
         "balance_bytes_intra_node": 512.0, "balance_bytes_inter_node": 64.0, "global_grouping_rounds": 2.0,
@@ -49,11 +49,11 @@ def test_a_window_with_every_figure_logs_each_one_exactly():
         "odb/balance_max_over_lb_before": 1.3333, "odb/balance_max_over_lb": 1.1667,
         "odb/balance_bytes_intra_node": 512.0, "odb/balance_bytes_inter_node": 64.0,
         "odb/global_grouping_rounds": 2.0,
-        "odb/audio_frames_per_step": 166.7,
+        "odb/audio_frames_per_step": 142.9,
         "odb/padding_efficiency": 0.8104,
-        "odb/tokens_per_step": 166.7,
-        "odb/samples_per_step": 3.33,
-        "odb/micro_steps_per_optimizer_step": 2.0,
+        "odb/tokens_per_step": 142.9,
+        "odb/samples_per_step": 2.86,
+        "odb/micro_steps_per_optimizer_step": 2.33,
         "odb/samples_per_optimizer_step": 13.67,
         "odb/splits": 1.0, "odb/overflow_groups": 2.0, "odb/over_budget_samples": 3.0, "odb/idle_steps": 4.0,
         "odb/data_wait_s": 0.1235,
@@ -64,14 +64,17 @@ def test_a_window_with_every_figure_logs_each_one_exactly():
 def test_a_window_without_optional_figures_logs_zeros_and_divides_by_one():
     callback = _callback()
     # a balance ratio without a counted round, no optimizer step counted, no padding, no audio
-    callback.window = {"micro_steps": 3.0, "balance_max_over_lb": 1.23456, "audio_frames": 0.0}
+    callback.window = {"micro_steps": 3.0, "balance_max_over_lb": 1.23456, "audio_frames": 0.0,
+                       "global_samples": 5.0, "padded_tokens": 8.0}
     assert callback.pop_log_metrics() == {
         "odb/balance_max_over_lb": 1.2346,
         "odb/padding_efficiency": 0.0, "odb/tokens_per_step": 0.0, "odb/samples_per_step": 0.0,
-        "odb/micro_steps_per_optimizer_step": 3.0, "odb/samples_per_optimizer_step": 0.0,
+        "odb/micro_steps_per_optimizer_step": 3.0, "odb/samples_per_optimizer_step": 5.0,
         "odb/splits": 0.0, "odb/overflow_groups": 0.0, "odb/over_budget_samples": 0.0, "odb/idle_steps": 0.0,
         "odb/data_wait_s": 0.0,
     }
+    callback.window = {"micro_steps": 1.0, "input_tokens": 6.0}   # no padded tokens counted
+    assert callback.pop_log_metrics()["odb/padding_efficiency"] == 0.0
 
 
 def test_the_window_sums_the_steps_figures_and_counts_balanced_rounds():
@@ -135,6 +138,12 @@ def test_encoder_stage_figures_average_the_calls_since_the_last_line():
         "odb/vision_moved_items": float(len(plans[0].moved_items)),
         "odb/vision_bytes_sent": 7.0,
     }
+    audio.step += 1
+    audio._record(AudioStepStats(plan=audio_plan, frame_bytes_sent=5, embed_bytes_sent=0))
+    assert metrics.pop()["odb/audio_bytes_sent"] == 5.0   # nothing new for vision: audio still read
+    late = EncoderStageMetrics()   # a first log line after several calls reads them all
+    late.balancers = [("audio", audio)]
+    assert late.pop()["odb/audio_bytes_sent"] == 34.0 + 5.0
 
 
 # ---- HF's last step ---------------------------------------------------------------------
