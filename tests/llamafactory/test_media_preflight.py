@@ -85,4 +85,7 @@ def test_the_error_names_the_first_rows_and_counts_the_rest(tmp_path):
                                              r"  training row 3: image .* does not exist\n"
                                              r"Fix the paths or remove the rows"):
         check_media(converted, [3])
+    with pytest.raises(MediaFileError) as five:   # as many as are listed: none left to count
+        check_media(converted, range(5))
+    assert str(five.value).count("\n  training row ") == 5 and "more" not in str(five.value)
     assert check_media(Dataset.from_dict({"_images": [[]]}), [0]) == 0

@@ -80,6 +80,8 @@ def test_a_pair_costs_the_rows_the_collator_builds(text_model, pair_data, tmp_pa
         assert budget.group_cost(group) == batch["input_ids"].numel(), (start, n)
         assert batch["input_ids"].shape[0] == 2 * n
         assert all(s.cost.label_tokens == 1 for s in group)
+        # text pairs: no vision patches or audio frames on either side
+        assert all((s.cost.vision_patches, s.cost.audio_frames) == (0, 0) for s in group)
 
 
 def test_dpo_refuses_groups_mode_and_padding_free_and_other_stages_keep_their_refusal(tmp_path, text_model,
