@@ -315,6 +315,32 @@ def test_pack_group_keeps_each_samples_rope_positions_and_names_bad_inputs():
         [5, 6, 7, 8, 9]]
 
 
+def test_rows_are_cut_where_the_next_sample_would_go_over_and_every_tensor_is_padded_as_its_kind():
+    ids = torch.tensor([[1, 1, 1, 0], [2, 2, 0, 0], [3, 0, 0, 0]])
+    batch = {"input_ids": ids, "labels": ids.clone(), "token_type_ids": torch.ones(3, 4, dtype=torch.long),
+             "embeds": torch.ones(3, 4, 2), "position_ids": torch.arange(4, dtype=torch.int32).repeat(3, 1)}
+    packed = pack_group(batch, [3, 2, 1], row_tokens=3, pad_token_id=9)
+    assert packed["input_ids"].tolist() == [[1, 1, 1], [2, 2, 3]]   # 2 + 1 fit a row of 3
+    assert packed["position_ids"].tolist() == [[0, 1, 2], [0, 1, 0]]
+    assert packed["position_ids"].dtype == torch.int32   # the collator's dtype
+    ones = {"input_ids": torch.tensor([[4, 0], [5, 0], [6, 0]]), "labels": torch.tensor([[4, 0], [5, 0], [6, 0]])}
+    cut = pack_group(ones, [1, 1, 1], row_tokens=2, pad_token_id=9)
+    assert cut["input_ids"].tolist() == [[4, 5], [6, 9]] and cut["labels"].tolist() == [[-100, -100], [-100, -100]]
+    padded = pack_group(batch, [3, 2, 1], row_tokens=5, pad_token_id=9)
+    assert padded["input_ids"].tolist() == [[1, 1, 1, 2, 2], [3, 9, 9, 9, 9]]
+    assert padded["token_type_ids"].tolist() == [[1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]   # other tensors pad with 0
+    assert padded["embeds"].shape == (2, 5, 2) and padded["embeds"][1, 1:].abs().sum() == 0
+    assert padded["embeds"][0].eq(1).all() and padded["embeds"][1, 0].eq(1).all()
+    # no position ids from the collator, and its placeholder: each piece restarts at 0
+    placeholder = pack_group({"input_ids": torch.tensor([[1, 1, 7, 7], [2, 2, 2, 0]])}, [2, 3], placeholder=2,
+                             row_tokens=5)
+    assert placeholder["input_ids"].tolist() == [[1, 1, 2, 2, 2], [7, 7, 0, 0, 0]]
+    assert placeholder["position_ids"].tolist() == [[0, 1, 0, 1, 2], [0, 1, 0, 1, 2]]
+    assert placeholder[TOKEN_SAMPLE_KEY].tolist() == [[0, 0, 1, 1, 1], [-1, -1, -1, -1, -1]]
+    fits = pack_group({"input_ids": torch.tensor([[1, 1, 7, 7], [2, 0, 0, 0]])}, [2, 1], placeholder=2, row_tokens=5)
+    assert fits["input_ids"].tolist() == [[1, 1, 2, 7, 7]]   # the placeholder counts its own 2 tokens
+
+
 def test_packed_collate_finds_the_placeholder_the_collator_appends_and_counts_real_tokens():
     """LLaMA-Factory's collator appends its placeholder image's tokens to the first feature in
     place: PackedCollate reads their number from the feature's new length."""
