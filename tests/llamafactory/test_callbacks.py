@@ -252,3 +252,4 @@ def test_a_new_run_into_an_audit_dir_starts_its_ledger_again(tmp_path):
         loader.loader.close()
     (lines,) = read_rank_ledgers(str(tmp_path / "audit"))
     assert [line["step"] for line in lines] == [1, 2] and all(line["indices"] for line in lines)
+    assert all(line["epoch"] == 0 for line in lines)
