@@ -73,8 +73,9 @@ def test_a_window_without_optional_figures_logs_zeros_and_divides_by_one():
         "odb/splits": 0.0, "odb/overflow_groups": 0.0, "odb/over_budget_samples": 0.0, "odb/idle_steps": 0.0,
         "odb/data_wait_s": 0.0,
     }
-    callback.window = {"micro_steps": 1.0, "input_tokens": 6.0}   # no padded tokens counted
-    assert callback.pop_log_metrics()["odb/padding_efficiency"] == 0.0
+    callback.window = {"micro_steps": 1.0, "input_tokens": 6.0}   # no padded tokens or samples counted
+    logged = callback.pop_log_metrics()
+    assert logged["odb/padding_efficiency"] == 0.0 and logged["odb/samples_per_optimizer_step"] == 0.0
 
 
 def test_the_window_sums_the_steps_figures_and_counts_balanced_rounds():
