@@ -36,10 +36,12 @@ def _world(tmp_path, epochs=1.0, audit="audit", samples=SAMPLES):
     return loader, callback, control
 
 
-def _train(loader, callback, control, trainer_state, args, stop_after=None, save_at=None, after_step=None):
+def _train(loader, callback, control, trainer_state, args, stop_after=None, save_at=None, after_step=None,
+           before_step_end=None):
     """HF's loop, as far as the callback sees it: an optimizer step every ACCUMULATION micro-steps
-    (its save/evaluate flags cleared first, as HF clears them once acted on), `after_step()` after
-    each, and a checkpoint at step `save_at`."""
+    (its save/evaluate flags cleared first, as HF clears them once acted on; then
+    `before_step_end()`, as the callbacks ahead of ODB's), `after_step()` after each, and a
+    checkpoint at step `save_at`."""
     callback.on_train_begin(args, trainer_state, control)
     micro = 0
     for _ in loader:
@@ -48,6 +50,8 @@ def _train(loader, callback, control, trainer_state, args, stop_after=None, save
             continue
         trainer_state.global_step += 1
         control.should_save = control.should_evaluate = False
+        if before_step_end is not None:
+            before_step_end()
         callback.on_step_end(args, trainer_state, control)
         if after_step is not None:
             after_step()
@@ -202,28 +206,22 @@ def test_a_stop_at_hfs_estimate_is_undone_and_any_other_stop_kept(tmp_path):
     """HF's flow callback stops the loop when global_step reaches its step bound (an estimate
     ODB's variable steps overrun): undone. A stop another callback asks for before that: kept."""
     loader, callback, control = _world(tmp_path, audit=False)
+    state = TrainerState(max_steps=100)
+    seen = []
+
+    def stop():
+        if state.global_step == 1:
+            state.max_steps = 1   # HF's flow callback: global_step >= max_steps
+        control.should_training_stop = True   # step 2: a user's callback, below the bound
+
     try:
         loader.set_epoch(0)
-        state = TrainerState(max_steps=100)
-        callback.on_train_begin(None, state, control)
-        micro = 0
-        for _ in loader:
-            micro += 1
-            if micro % ACCUMULATION:
-                continue
-            state.global_step += 1
-            if state.global_step == 1:
-                state.max_steps = 1
-                control.should_training_stop = True   # HF: global_step >= max_steps
-                callback.on_step_end(None, state, control)
-                assert not control.should_training_stop and state.max_steps >= 3
-            else:
-                control.should_training_stop = True   # a user's callback, below the bound
-                callback.on_step_end(None, state, control)
-                assert control.should_training_stop
-                break
+        _train(loader, callback, control, state, None, before_step_end=stop,
+               after_step=lambda: seen.append((control.should_training_stop, state.max_steps)))
     finally:
         loader.loader.close()
+    (undone, bound), (kept, _) = seen
+    assert not undone and bound >= 3 and kept
 
 
 @pytest.mark.parametrize("from_user", [True, False])
