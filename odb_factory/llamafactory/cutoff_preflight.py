@@ -6,7 +6,8 @@ step this pass finds them without running the pipeline on every row: an upper bo
 row's tokens comes from its text's UTF-8 bytes (a byte-level or byte-fallback tokenizer never
 makes more tokens than bytes), a per-turn allowance for the template, a per-image and
 per-video bound from the processor's patch and merge sizes at the run's pixel limits (for an
-image of any shape LLaMA-Factory's plugin and the processor accept), and a per-clip bound for audio (a clip is cut to 30 s: at most 750 tokens, Qwen2.5-Omni). Only
+image of any shape LLaMA-Factory's plugin and the processor accept), and a per-clip bound for
+audio (a clip is cut to 30 s: at most 750 tokens, Qwen2.5-Omni). Only
 rows whose bound reaches `cutoff_len` can be cut; those few are run through the real
 pipeline, which says exactly whether their vision tokens survive.
 """
