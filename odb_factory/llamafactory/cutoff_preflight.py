@@ -39,8 +39,6 @@ class VisionTokenBounds(NamedTuple):
 
 # Qwen-VL processors refuse images whose sides differ by more than this factor
 MAX_ASPECT_RATIO = 200
-# the most (long side + short side) / sqrt(area) can be at that ratio
-SIDES_PER_ROOT_AREA = math.sqrt(MAX_ASPECT_RATIO) + 1 / math.sqrt(MAX_ASPECT_RATIO)
 # LLaMA-Factory's Qwen-VL plugin widens an image (or video frame) thinner than this to it, after
 # scaling it to the run's pixel limits: a strip can end up with more pixels than the limit
 MIN_SIDE = 28
@@ -58,7 +56,9 @@ def _pixels_to_tokens(pixels: float, side: int) -> int:
     whatever its shape: the processor rounds each side to whole tiles (up to one more tile along
     each side, and a thin image's short side up to a whole tile), so beyond the area's tiles it
     adds at most (long + short side) / side of them."""
-    return math.ceil(pixels / side ** 2 + SIDES_PER_ROOT_AREA * math.sqrt(pixels) / side) + 1
+    # the most (long side + short side) / sqrt(area) can be, at the widest accepted ratio
+    sides_per_root_area = math.sqrt(MAX_ASPECT_RATIO) + 1 / math.sqrt(MAX_ASPECT_RATIO)
+    return math.ceil(pixels / side ** 2 + sides_per_root_area * math.sqrt(pixels) / side) + 1
 
 
 # LLaMA-Factory's defaults where a processor carries no limit (its plugins read them so)
