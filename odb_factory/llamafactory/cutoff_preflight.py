@@ -67,10 +67,11 @@ PIXEL_DEFAULTS = MappingProxyType({"image_max_pixels": 768 * 768, "image_min_pix
                                    "video_maxlen": 128})
 
 
-def _run_limit(processor: Any, name: str) -> int:
-    """A media limit of the run: LLaMA-Factory's `patch_processor` copies the model arguments'
-    image/video pixel limits and frame count onto the processor, where its plugins read them."""
-    return int(getattr(processor, name, None) or PIXEL_DEFAULTS[name])
+def _run_limit(processor: Any, *names: str) -> int:
+    """The largest of the run's media limits `names`: LLaMA-Factory's `patch_processor` copies the
+    model arguments' image/video pixel limits and frame count onto the processor, where its
+    plugins read them."""
+    return max(int(getattr(processor, name, None) or PIXEL_DEFAULTS[name]) for name in names)
 
 
 def _processor_min_pixels(image_processor: Any) -> int:
@@ -92,13 +93,11 @@ def vision_token_bounds(processor: Any) -> Optional[VisionTokenBounds]:
     processor_min = _processor_min_pixels(image_processor)
     side = patch * merge
 
-    def limit(name: str) -> int:
-        return _run_limit(processor, name)
-    image_pixels = max(_plugin_pixels(max(limit("image_max_pixels"), limit("image_min_pixels"))), processor_min)
-    video_pixels = max(_plugin_pixels(max(limit("video_max_pixels"), limit("video_min_pixels"))), processor_min)
+    image_pixels = max(_plugin_pixels(_run_limit(processor, "image_max_pixels", "image_min_pixels")), processor_min)
+    video_pixels = max(_plugin_pixels(_run_limit(processor, "video_max_pixels", "video_min_pixels")), processor_min)
     per_image = _pixels_to_tokens(image_pixels, side) + MARKERS_PER_ITEM
-    per_video = limit("video_maxlen") * (_pixels_to_tokens(video_pixels, side) + MARKERS_PER_ITEM
-                                         + VIDEO_TEXT_PER_FRAME)
+    per_video = _run_limit(processor, "video_maxlen") * (_pixels_to_tokens(video_pixels, side) + MARKERS_PER_ITEM
+                                                         + VIDEO_TEXT_PER_FRAME)
     return VisionTokenBounds(per_image, per_video)
 
 
