@@ -66,6 +66,7 @@ RUNS = REPO / ".cache" / "bench_cpu_layer"
 MODEL = REPO / ".cache" / "cpu_layer_qwen3"
 MODEL_QWEN_VOCAB = REPO / ".cache" / "cpu_layer_qwen3_qwen_vocab"
 QWEN_VOCAB = 151936
+RANKS = 2  # every run: measured_runs.run_all's torchrun of 2 CPU ranks
 DEMO = REPO.parent / "shared" / "data" / "llamafactory_demo"
 # cell -> (model, cutoff_len): the compute-dominated model on short and long rows, and the tiny
 # Qwen3 (hidden 64, 2 layers: a micro-batch's fixed cost dominates its steps) on short rows
@@ -195,6 +196,27 @@ def optimizer_steps(method: str, out: Path, steps: int) -> List[dict]:
             for step in zip(*merged)]
 
 
+def fit_coefficients(steps: List[dict]) -> np.ndarray:
+    """The step model's COLUMNS coefficients (NNLS, each >= 0) fitted to optimizer steps."""
+    return scaled_nnls(np.array([[s[k] for k in COLUMNS] for s in steps], dtype=float),
+                       np.array([s["time_s"] for s in steps]))
+
+
+def step_model_json(coef: np.ndarray, ranks: int, runs: List[str]) -> dict:
+    """Fitted coefficients as `python -m odb_factory.dry_run --step-model` reads them
+    (odb_factory.simulation.measured)."""
+    c0, a, b, head = map(float, coef)
+    # the runs train under DDP, which reduces gradients once per optimizer step
+    return {"device": "cpu", "ranks": ranks, "ranks_meet": "optimizer_step", "c0_s_per_micro_batch": c0, "a_s_per_token": a,
+            "b_s_per_token_sq": b, "head_s_per_logit_position": head, "fitted_on": runs}
+
+
+def all_steps(root: Path, rows: List[dict]) -> List[dict]:
+    """Every run's optimizer steps (`optimizer_steps`) in `root`."""
+    return [s for r in rows for s in optimizer_steps(r["method"], run_dir(root, r["cell"], r["method"], r["repeat"]),
+                                                     r["optimizer_steps"])]
+
+
 def prediction_check(root: Path, rows: List[dict]) -> List[Dict[str, object]]:
     """The step model's form (c0 per micro-batch + a·tokens + b·attention + d·positions the LM
     head computes, NNLS) fitted per cell
@@ -209,9 +231,7 @@ def prediction_check(root: Path, rows: List[dict]) -> List[Dict[str, object]]:
         held = max(repeat for _, repeat in mine)
         steps = {key: optimizer_steps(key[0], run_dir(root, cell, *key), r["optimizer_steps"])
                  for key, r in mine.items()}
-        fit = [s for (_, repeat), calls in steps.items() if repeat != held for s in calls]
-        coef = scaled_nnls(np.array([[s[k] for k in COLUMNS] for s in fit], dtype=float),
-                           np.array([s["time_s"] for s in fit]))
+        coef = fit_coefficients([s for (_, repeat), calls in steps.items() if repeat != held for s in calls])
 
         def predicted(method: str) -> float:
             return float(sum(np.dot(coef, [s[k] for k in COLUMNS]) for s in steps[(method, held)]))
@@ -289,12 +309,18 @@ def main(argv=None) -> List[dict]:
     parser.add_argument("--name", default="runs", help="the runs go to .cache/bench_cpu_layer/NAME/")
     parser.add_argument("--profile", action="store_true",
                         help="each run also writes profile_rank<r>.txt (torch's profiler: CPU time by operator)")
+    parser.add_argument("--fit-out", metavar="PATH", default=None,
+                        help="also fit the step model to every run's optimizer steps and write it to PATH, "
+                             "for python -m odb_factory.dry_run --step-model PATH")
     args = parser.parse_args(argv)
     methods = ["standard"] + [m for m in args.methods.split(",") if m != "standard"]
     root = RUNS / args.name
     root.mkdir(parents=True, exist_ok=True)
     rows = measure(root, args.cells.split(","), methods, args.repeats, args.samples, args.accumulation, args.profile)
     (root / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if args.fit_out:
+        Path(args.fit_out).write_text(json.dumps(
+            step_model_json(fit_coefficients(all_steps(root, rows)), RANKS, [str(root)]), indent=1) + "\n")
     lines = table(rows)
     print(md_table(lines, [(k, k) for k in lines[0]]))
     if args.repeats > 1:

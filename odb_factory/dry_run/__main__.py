@@ -43,7 +43,11 @@ figures (one epoch):
   largest micro-batch  most tokens one micro-batch occupies
   speedup              ODB samples/s over Standard's, from the step-time model (H20 GPUs, the
                        recipe's model counted on the meta device; stage dpo: each pair's rows
-                       attend apart, and the reference model's forward is counted)
+                       attend apart, and the reference model's forward is counted; with
+                       --step-model, the coefficients measured in that file instead). ODB's
+                       logits are priced at the supervised positions only where the run
+                       computes only those (odb_supervised_logits) and the model prices its
+                       LM head apart (a measured model); Standard's at every position
   band                 {band}
   suggested budget     {rule}
 rows cut by cutoff_len and rows over the budget are named by their training-row number, as the
@@ -89,6 +93,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-node", type=int, default=8, help="step model: GPUs per node (default 8)")
     p.add_argument("--gpu-memory-gb", type=float, default=None,
                    help="step model: memory per GPU for the out-of-memory test (default: the H20's 96)")
+    p.add_argument("--step-model", metavar="PATH", default=None,
+                   help="price with the step model measured in PATH (python -m bench.cpu_layer --fit-out) "
+                        "instead of the H20's, for the ranks and device it was measured on (text rows only)")
     p.add_argument("--json", metavar="PATH", default=None,
                    help="also write the figures as JSON to PATH ('-': print JSON instead of the text)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -99,6 +106,7 @@ def make_plan(a: argparse.Namespace) -> dict:
     import numpy as np
 
     from ..planning.grouping import Budget
+    from ..simulation.measured import measured_step_model
     from ..simulation.pricing import features
     from ..simulation.schedules import costs_of
     from . import budget, pipeline, recipe, report, speedup
@@ -106,8 +114,10 @@ def make_plan(a: argparse.Namespace) -> dict:
     if a.world_size < 1:
         raise ValueError(f"--world-size {a.world_size}: at least one rank is needed")
     hw = speedup.hardware(a.world_size, a.gpus_per_node, a.gpu_memory_gb)  # a bad shape fails first
+    measured_model = measured_step_model(Path(a.step_model), a.world_size) if a.step_model else None
     started = time.perf_counter()
-    r = recipe.parse(Path(a.recipe), a.overrides)
+    r = recipe.parse(Path(a.recipe), a.overrides,
+                     on_cpu=measured_model is not None and measured_model.device == "cpu")
     data = pipeline.training_set(r)
     loaded = time.perf_counter()
     total = len(data.dataset)
@@ -127,16 +137,21 @@ def make_plan(a: argparse.Namespace) -> dict:
     modes = [m for m in ODB_MODES if m not in refused]
     schedules = report.mode_schedules(rows, cfg, a.world_size, modes)
     attention = r.packed_attention
-    feats = {name: features(s, rows, attention) for name, s in schedules.items()}
+    kept = supervised_logits(r, speedup.computes_chosen_logits(data.model_config))
+    feats = {name: features(s, rows, attention, kept.get(name, False)) for name, s in schedules.items()}
     spec = speedup.model_spec(data.model_config, r.finetuning_args.lora_rank, r.model_args.trust_remote_code)
     finetuning = r.finetuning_args.finetuning_type
     reference = speedup.reference_model(r.finetuning_args)
-    model = speedup.step_model(spec, hw, finetuning, reference)
-    predicted = speedup.predicted(feats["standard"], {m: feats[m] for m in modes}, rows, model)
+    if measured_model is not None and rows.images.any():
+        raise ValueError(f"--step-model {a.step_model} prices text rows only (it has no vision terms); the "
+                         "recipe's rows hold images: plan without it (the H20's step model prices vision)")
+    model = measured_model or speedup.step_model(spec, hw, finetuning, reference)
+    predicted = speedup.predicted(feats["standard"], {m: feats[m] for m in modes}, rows, model,
+                                  band=measured_model is None)
     faster = faster_setting(r, cfg, rows, schedules["standard"], feats["standard"], predicted, model, a.world_size,
-                            getattr(data.model_config, "model_type", None))
+                            getattr(data.model_config, "model_type", None), kept.get(cfg.step_mode, False))
     suggestion = budget.suggest(rows, cfg, a.world_size, cfg.step_mode, schedules["standard"],
-                                costs_of(rows), model, attention)
+                                costs_of(rows), model, attention, kept.get(cfg.step_mode, False))
     args, data_args = r.training_args, r.data_args
     return {
         "recipe": str(a.recipe), "overrides": list(a.overrides),
@@ -166,8 +181,10 @@ def make_plan(a: argparse.Namespace) -> dict:
                  if name in schedules else None for name in ("standard", *ODB_MODES)},
         "refused_modes": refused,
         "speedup": {**predicted, **{m: None for m in refused},
-                    "step_model": speedup.describe(spec, hw, model, finetuning, reference),
-                    "band": speedup.BAND, "faster_setting": faster},
+                    "step_model": (speedup.describe_measured(model, a.step_model) if measured_model
+                                   else speedup.describe(spec, hw, model, finetuning, reference)),
+                    "supervised_logits": {m: kept.get(m, False) for m in modes},
+                    "band": speedup.MEASURED_BAND if measured_model else speedup.BAND, "faster_setting": faster},
         "suggested_token_budget": suggestion,
         "seconds": {"recipe_and_data": loaded - started, "pipeline": measured.seconds,
                     "planning": time.perf_counter() - loaded - measured.seconds,
@@ -175,8 +192,18 @@ def make_plan(a: argparse.Namespace) -> dict:
     }
 
 
+def supervised_logits(r, model_takes_positions: bool) -> dict:
+    """Per ODB mode, whether its training forwards compute logits at the supervised positions
+    only, as the trainer decides: `odb_supervised_logits` on a model whose forward takes
+    `logits_to_keep`; `samples` mode always, `groups` mode when its loss is the window's token
+    sum (`odb_loss_scaling` standard or exact); stage dpo's pairwise loss reads every position."""
+    if not (r.odb.adapter.supervised_logits and model_takes_positions) or r.stage.name == "dpo":
+        return {}
+    return {"samples": True, "groups": r.odb.config.loss_scaling in ("standard", "exact")}
+
+
 def faster_setting(r, cfg, rows, standard, standard_features, predicted, model, world: int,
-                   model_type: Optional[str]) -> Optional[dict]:
+                   model_type: Optional[str], kept: bool = False) -> Optional[dict]:
     """Where the recipe's ODB mode is predicted slower than Standard: the setting that would be
     faster (padding-free groups, or per-segment attention for packed rows) and its prediction;
     None when the recipe is not predicted slower or no such setting helps."""
@@ -196,7 +223,8 @@ def faster_setting(r, cfg, rows, standard, standard_features, predicted, model, 
     else:
         return None
     schedule = report.schedule_for(mode, other, world, standard, costs_of(rows))
-    theirs = speedup.predicted(standard_features, {mode: features(schedule, rows, "segments")}, rows, model)[mode]
+    theirs = speedup.predicted(standard_features, {mode: features(schedule, rows, "segments", kept)},
+                               rows, model)[mode]
     if theirs["speedup"] is None or theirs["speedup"] <= ours:
         return None
     return {"mode": mode, "speedup": ours, "setting": setting, "setting_speedup": theirs["speedup"]}

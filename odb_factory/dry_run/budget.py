@@ -36,12 +36,13 @@ def candidates(longest: int) -> List[int]:
 
 
 def suggest(rows: Rows, config: ODBConfig, world: int, mode: str, standard: Schedule,
-            costs: Sequence[SampleCost], model: StepModel, packed_attention: str = "segments") -> dict:
+            costs: Sequence[SampleCost], model: StepModel, packed_attention: str = "segments",
+            supervised_logits: bool = False) -> dict:
     longest = int(rows.tokens.max())
     tried = []
     for budget in candidates(longest):
         s = schedule_for(mode, dataclasses.replace(config, token_budget=budget), world, standard, costs)
-        result = evaluate(features(s, rows, packed_attention), rows, model)
+        result = evaluate(features(s, rows, packed_attention, supervised_logits), rows, model)
         tried.append({"budget": budget, "samples_per_s": result.samples_per_s,
                       "micro_batches": s.micro_steps, "optimizer_steps": s.optimizer_steps,
                       "oom_batches": result.oom_batches})

@@ -83,8 +83,9 @@ def merged_yaml(path: Path, overrides: Sequence[str]) -> Dict[str, Any]:
     return raw
 
 
-def parse(path: Path, overrides: Sequence[str] = ()) -> Recipe:
-    """Parse `path` with LLaMA-Factory's parser and the odb-factory patches."""
+def parse(path: Path, overrides: Sequence[str] = (), on_cpu: bool = False) -> Recipe:
+    """Parse `path` with LLaMA-Factory's parser and the odb-factory patches; `on_cpu`: the
+    run being priced trains on CPUs (its automatic token budget is the CPU's)."""
     raw = merged_yaml(path, overrides)
     from ..llamafactory import arguments
     from ..llamafactory.run import run_of
@@ -124,7 +125,7 @@ def parse(path: Path, overrides: Sequence[str] = ()) -> Recipe:
     odb = run.options if run is not None else arguments.parse_odb_arguments({})
     enabled = run is not None and run.enabled
     arguments.settle_stage(odb, raw)  # what the stage decides, as for a run with odb_enable: true
-    odb.decide_token_budget(on_cpu=False)  # the dry run prices GPUs (the step model's H20)
+    odb.decide_token_budget(on_cpu=on_cpu)  # the device the step model prices
     # the recipe's accumulation (a samples-mode run hands it to ODB: HF accumulates over 1)
     accumulation = (run.step_mode.engine_accumulation(odb.config, training_args.gradient_accumulation_steps)
                     if enabled else training_args.gradient_accumulation_steps)

@@ -110,10 +110,16 @@ def text(plan: dict) -> str:
                    f"{faster['setting']} is predicted {faster['setting_speedup']:.2f}x")
     if sp["standard_oom_batches"]:
         out.append(f"  Standard has {sp['standard_oom_batches']} micro-batches over the memory figure")
-    reference = REFERENCES[model["reference_model"]]
-    out.append(f"  step model: {model['model']} ({_million(model['llm_params'])} LLM, "
-               f"{_million(model['vision_params'])} vision parameters), {model['finetuning']} fine-tuning"
-               f"{reference} on {model['hardware']}, MFU {model['mfu']:g}, {model['gpu_memory_gb']:g} GB per GPU")
+    if "measured_from" in model:
+        out.append(f"  step model: {model['hardware']}, from {model['measured_from']}: "
+                   f"{model['fixed_s_per_micro_batch'] * 1e3:.1f} ms per micro-batch, "
+                   f"{model['s_per_token'] * 1e3:.3f} ms per token, {model['s_per_token_sq'] * 1e9:.3f} ns per "
+                   f"token² of attention, {model['s_per_logit_position'] * 1e3:.3f} ms per position's logits")
+    else:
+        reference = REFERENCES[model["reference_model"]]
+        out.append(f"  step model: {model['model']} ({_million(model['llm_params'])} LLM, "
+                   f"{_million(model['vision_params'])} vision parameters), {model['finetuning']} fine-tuning"
+                   f"{reference} on {model['hardware']}, MFU {model['mfu']:g}, {model['gpu_memory_gb']:g} GB per GPU")
     out.append(f"  band: {sp['band']}")
     sug = plan["suggested_token_budget"]
     value: Optional[int] = sug["value"]

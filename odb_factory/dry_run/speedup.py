@@ -19,6 +19,7 @@ their value to twice it (half the bandwidth); every corner of that box is priced
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import math
 from collections import Counter
@@ -74,6 +75,22 @@ def model_spec(config: Any, lora_rank: int = 8, trust_remote_code: bool = False)
         lora_params=float(lora))
 
 
+MEASURED_BAND = ("none: a measured step model has no assumed quantities to vary; how far its "
+                 "predictions fall from measured runs is bench.plan_check's figure")
+
+
+def computes_chosen_logits(config: Any) -> bool:
+    """Whether the recipe's model class computes logits at chosen positions only (its forward
+    takes `logits_to_keep`), as ODB's `odb_supervised_logits` needs; False for a class
+    transformers does not map (remote code), which prices every position."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    for auto in (AutoModelForImageTextToText, AutoModelForCausalLM):
+        if type(config) in auto._model_mapping:
+            return "logits_to_keep" in inspect.signature(auto._model_mapping[type(config)].forward).parameters
+    return False
+
+
 def hardware(world: int, gpus_per_node: int, memory_gb: Optional[float]) -> Hardware:
     if gpus_per_node < 1 or (memory_gb is not None and memory_gb <= 0):
         raise ValueError("--gpus-per-node and --gpu-memory-gb must be positive")
@@ -117,11 +134,12 @@ def ratio(odb: Result, standard: Result) -> Optional[float]:
     return odb.samples_per_s / standard.samples_per_s
 
 
-def predicted(standard: Features, modes: Dict[str, Features], rows, m: StepModel) -> dict:
-    """Speedup of each ODB mode over Standard at the calibrated point, with the band."""
+def predicted(standard: Features, modes: Dict[str, Features], rows, m: StepModel, band: bool = True) -> dict:
+    """Speedup of each ODB mode over Standard at the calibrated point, with the band (none for
+    `band=False`: a measured model has no assumed quantities to vary)."""
     base = evaluate(standard, rows, m)
     out = {"standard_oom_batches": base.oom_batches, "standard_samples_per_s": base.samples_per_s}
-    corners = [(evaluate(standard, rows, v), v) for v in variants(m)]
+    corners = [(evaluate(standard, rows, v), v) for v in variants(m)] if band else []
     for mode, f in modes.items():
         point = evaluate(f, rows, m)
         spread = [ratio(evaluate(f, rows, v), std) for std, v in corners]
@@ -139,3 +157,11 @@ def describe(spec: ModelSpec, hw: Hardware, m: StepModel, finetuning_type: str, 
             "mfu": DEFAULT_MFU, "gpu_memory_gb": hw.hbm_bytes / GB,
             "memory_cap_tokens": max(0, m.cap_tokens), "fixed_s_per_micro_batch": m.c0,
             "tokens_per_s_per_gpu": 1.0 / m.a if m.a else math.inf}
+
+
+def describe_measured(m: StepModel, path: str) -> dict:
+    """The figures of a measured step model (`--step-model`), as `describe` gives a derived one's."""
+    return {"model": m.name, "hardware": f"measured ({m.device}, {m.world} ranks)", "world": m.world,
+            "measured_from": str(path), "fixed_s_per_micro_batch": m.c0, "s_per_token": m.a,
+            "s_per_token_sq": m.b, "s_per_logit_position": m.head,
+            "tokens_per_s_per_gpu": 1.0 / (m.a + m.head) if m.a + m.head else math.inf}

@@ -52,6 +52,8 @@ class Features:
     # how a packed row attends (PACKED_ATTENTIONS): per sample, or one dense block-causal mask
     packed_attention: str = "segments"
     rows_per_sample: int = 1  # SampleArrays.rows_per_sample
+    # positions whose logits each batch computes; None: every occupied position (`padded`)
+    logit_tokens: Optional[np.ndarray] = None
 
     @property
     def steps(self) -> int:
@@ -70,13 +72,21 @@ class Features:
             return self.n * self.max_len ** 2 / self.rows_per_sample
         return self.sum_len ** 2 if self.packed_attention == "mask" else self.sum_sq / self.rows_per_sample
 
+    def logit_positions(self) -> np.ndarray:
+        """Positions whose logits each batch computes: every occupied one (padding included),
+        or with `supervised_logits` the supervised ones only."""
+        return self.padded() if self.logit_tokens is None else self.logit_tokens
+
 
 PACKED_ATTENTIONS = ("segments", "mask")
 
 
-def features(s: Schedule, p: SampleArrays, packed_attention: str = "segments") -> Features:
+def features(s: Schedule, p: SampleArrays, packed_attention: str = "segments",
+             supervised_logits: bool = False) -> Features:
     """`packed_attention`: how the run's packed rows attend ('segments': flash varlen or
-    per-segment sdpa; 'mask': a dense block-causal mask), which prices their attention."""
+    per-segment sdpa; 'mask': a dense block-causal mask), which prices their attention.
+    `supervised_logits`: the run computes logits at its supervised positions only (ODB's
+    `odb_supervised_logits`; `p` then needs `label_tokens`), not at every occupied position."""
     if packed_attention not in PACKED_ATTENTIONS:
         raise ValueError(f"packed_attention {packed_attention!r} is not one of {list(PACKED_ATTENTIONS)}")
     steps, world = len(s.steps), s.world
@@ -101,7 +111,8 @@ def features(s: Schedule, p: SampleArrays, packed_attention: str = "segments") -
                     reduce(p.images, np.add), reduce(p.patches, np.add), reduce(p.patch_sq, np.add),
                     flat, starts, nonempty, s.note,
                     {**s.extra, **({"step_ends": s.step_ends} if s.step_ends is not None else {})},
-                    packed_attention, int(getattr(p, "rows_per_sample", 1)))
+                    packed_attention, int(getattr(p, "rows_per_sample", 1)),
+                    reduce(p.label_tokens, np.add) if supervised_logits else None)
 
 
 @dataclass
@@ -165,8 +176,15 @@ def encoder_stage_seconds(f: Features, p: SampleArrays, m: StepModel) -> np.ndar
 def sample_seconds(m: StepModel, p: SampleArrays, rows_per_sample: int) -> np.ndarray:
     """Each sample alone on a rank (`StepModel.sample_seconds`, its k rows attending apart)."""
     length = p.tokens.astype(np.float64)
-    return m.llm_seconds(length, length * length / rows_per_sample) + m.vision_seconds(p.images, p.patches,
-                                                                                        p.patch_sq)
+    return (m.llm_seconds(length, length * length / rows_per_sample) + m.head * length
+            + m.vision_seconds(p.images, p.patches, p.patch_sq))
+
+
+def optimizer_step_starts(f: Features) -> np.ndarray:
+    """The micro-step each optimizer step starts at."""
+    if "step_ends" in f.extra:
+        return np.concatenate([[0], np.asarray(f.extra["step_ends"][:-1], dtype=np.int64) + 1])
+    return np.arange(0, f.steps, f.accumulation)
 
 
 def evaluate(f: Features, p: SampleArrays, m: StepModel) -> Result:
@@ -175,13 +193,12 @@ def evaluate(f: Features, p: SampleArrays, m: StepModel) -> Result:
     tokens, sq = f.padded(), f.attention_sq()
     busy = f.n > 0
     vision = m.vision_seconds(f.images, f.patches, f.patch_sq)
+    llm = np.where(busy, m.llm_seconds(tokens, sq) + m.head * f.logit_positions(), m.idle_s)
     if f.extra.get("encoder_balanced"):
         # Two stages, each balanced and synchronised on its own: vision, then LLM.
-        llm = np.where(busy, m.llm_seconds(tokens, sq), m.idle_s)
-        stage = encoder_stage_seconds(f, p, m)
-        rank_s = llm + stage[:, None]
+        rank_s = llm + encoder_stage_seconds(f, p, m)[:, None]
     else:
-        rank_s = np.where(busy, m.llm_seconds(tokens, sq), m.idle_s) + vision
+        rank_s = llm + vision
     step_max = rank_s.max(axis=1) if f.steps else np.zeros(0)
     step_mean = rank_s.mean(axis=1) if f.steps else np.zeros(0)
     # Per-step lower bound: perfect spread of the step's work, or its costliest sample alone.
@@ -193,17 +210,21 @@ def evaluate(f: Features, p: SampleArrays, m: StepModel) -> Result:
     micro = f.steps
     opt = len(f.extra["step_ends"]) if "step_ends" in f.extra else -(-micro // f.accumulation)
     fixed = micro * m.comm_micro_s + opt * (m.comm_opt_s + m.optimizer_s)
-    time_s = float(step_max.sum() + fixed)
+    waited = step_max.sum()
+    if m.ranks_meet == "optimizer_step" and micro:
+        waited = np.add.reduceat(rank_s, optimizer_step_starts(f), axis=0).max(axis=1).sum()
+    time_s = float(waited + fixed)
     mem_ok = m.fits(tokens, f.patches)
     oom = int(np.sum(busy & ~mem_ok))
     samples = int(f.n.sum())
     real = float(f.sum_len.sum())
     padded = float(tokens[busy].sum())
     lengths = p.tokens[f.flat].astype(np.float64)
-    useful = float(((m.a * lengths + m.b * lengths * lengths / f.rows_per_sample).sum()
+    useful = float((((m.a + m.head) * lengths + m.b * lengths * lengths / f.rows_per_sample).sum()
                     + m.vision_seconds(p.images[f.flat], p.patches[f.flat], p.patch_sq[f.flat]).sum())
                    / f.world)
-    padded_s = float((m.a * tokens[busy].sum() + m.b * sq[busy].sum() + vision.sum()) / f.world)
+    padded_s = float((m.a * tokens[busy].sum() + m.b * sq[busy].sum() + m.head * f.logit_positions()[busy].sum()
+                      + vision.sum()) / f.world)
     return Result(
         method=f.method, samples=samples, time_s=time_s,
         samples_per_s=None if oom else samples / time_s,

@@ -3,12 +3,18 @@
 Per rank and micro-batch (every term is documented with its source in bench/README.md):
 
     LLM     t = c0 + a * T + b * S2        T  = padded tokens (n * max_len) for padded batches,
+              (+ head * H)
                                               real tokens (sum l) for packed ones
                                            S2 = n * max_len**2 (padded) or sum l**2 (packed);
                                               a sample of k rows of l/k tokens each (a dpo
                                               pair: k = 2) counts l**2 / k
+                                           H  = positions whose logits are computed (every
+                                              occupied one, or the supervised ones only); a
+                                              separate term only in a measured model, the
+                                              spec-derived one prices the LM head inside `a`
     vision  t = sum over images (v0 + va * P + vb * P**2)     P = patches of the image
-    step    = max over ranks (LLM + vision) + gradient reduce-scatter      (every micro-step)
+    step    = max over ranks (LLM + vision) + gradient reduce-scatter      (every micro-step;
+              the max over the ranks' sums per optimizer step where ranks meet only there, DDP)
             + parameter all-gather + optimizer update                     (every optimizer step)
     memory  = static (weights, ZeRO-2 shards, buffers) + T * bytes/token + patches * bytes/patch
               > HBM  ->  OOM (reported by the simulation, never silently counted)
@@ -112,6 +118,11 @@ class StepModel:
     static_bytes: float
     bytes_per_token: float
     bytes_per_patch: float
+    head: float = 0.0         # s per position whose logits are computed, when apart from `a`
+    device: str = "gpu"       # what it prices: "gpu" (specs) or "cpu" (simulation.measured)
+    # where the ranks wait for the slowest: at every micro-step (ZeRO reduces gradients after
+    # each backward) or at the optimizer step only (DDP skips the reduction while accumulating)
+    ranks_meet: str = "micro_step"
 
     def llm_seconds(self, tokens, sq):
         return self.c0 + self.a * np.asarray(tokens, dtype=np.float64) + self.b * np.asarray(sq, dtype=np.float64)
@@ -154,7 +165,7 @@ class StepModel:
     def scaled(self, mfu_ratio: float) -> "StepModel":
         """The same model with compute terms divided by `mfu_ratio` (new MFU / old MFU)."""
         f = 1.0 / mfu_ratio
-        return replace(self, a=self.a * f, b=self.b * f, va=self.va * f, vb=self.vb * f)
+        return replace(self, a=self.a * f, b=self.b * f, head=self.head * f, va=self.va * f, vb=self.vb * f)
 
 
 REFERENCE_MODELS = ("none", "shared", "copy")

@@ -46,3 +46,22 @@ def test_the_batched_peers_train_a_step_as_one_micro_batch(tmp_path, monkeypatch
     odb = cpu_layer.config("odb_groups", tmp_path, 128, 40, 8, tmp_path / "out", dataset="cv1_mean128_qwen_vocab")
     assert (odb["per_device_train_batch_size"], odb["gradient_accumulation_steps"]) == (1, 8)
     assert odb["odb_step"] == "groups" and odb["dataset"] == "cv1_mean128_qwen_vocab"
+
+
+def test_a_fit_written_for_the_dry_run_reads_back_and_recovers_its_coefficients(tmp_path):
+    """Optimizer steps made from known coefficients are fitted back exactly, and the file
+    `--fit-out` writes is the measured step model the dry run reads."""
+    from odb_factory.simulation.measured import measured_step_model
+    truth = {"micro_batches": 0.3, "tokens": 2e-3, "sum_sq": 4e-7, "logit_tokens": 5e-3}
+    steps = []
+    for i in range(12):
+        step = {"micro_batches": 1 + i % 4, "tokens": 200 + 97 * i, "sum_sq": (200 + 97 * i) * (60 + 13 * (i % 5)),
+                "logit_tokens": 150 + 41 * (i % 7)}
+        steps.append(dict(step, time_s=sum(truth[k] * step[k] for k in cpu_layer.COLUMNS)))
+    coef = cpu_layer.fit_coefficients(steps)
+    assert coef == pytest.approx([truth[k] for k in cpu_layer.COLUMNS], rel=1e-6)
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(cpu_layer.step_model_json(coef, cpu_layer.RANKS, ["runs"])))
+    m = measured_step_model(path, cpu_layer.RANKS)
+    assert (m.c0, m.a, m.b, m.head) == pytest.approx([truth[k] for k in cpu_layer.COLUMNS], rel=1e-6)
+    assert m.ranks_meet == "optimizer_step" and m.device == "cpu"
