@@ -2,7 +2,9 @@
 
 The model (`odb_factory.simulation.step_model`) needs the architecture's numbers: they are
 counted from the recipe's own model, built on PyTorch's meta device (shapes only, no weights
-read or allocated). The hardware is the step model's H20 (`--gpus-per-node` per node).
+read or allocated). The hardware is the step model's H20 (`--gpus-per-node` per node), or,
+with `--step-model`, the machine a measured model was fitted on (`odb_factory.simulation.measured`:
+its coefficients replace the derived ones, and it has no band).
 
 Stage dpo is priced as it trains: a pair's two rows attend apart (the plan's rows say
 `rows_per_sample` 2, so its attention counts l²/2 of its l tokens), Standard's micro-batch is
@@ -36,6 +38,8 @@ BAND = ("the predicted speedup's range over the step model's three non-spec quan
         f"micro-batch {FIXED_TIME_FACTORS[0]:g}-{FIXED_TIME_FACTORS[1]:g}x, collective time "
         f"{COLLECTIVE_FACTORS[0]:g}-{COLLECTIVE_FACTORS[1]:g}x (every corner priced); a sensitivity "
         "range, not a confidence interval")
+MEASURED_BAND = ("none: a measured step model has no assumed quantities to vary; how far its "
+                 "predictions fall from measured runs is bench.plan_check's figure")
 
 
 def _vision(name: str) -> bool:
@@ -73,10 +77,6 @@ def model_spec(config: Any, lora_rank: int = 8, trust_remote_code: bool = False)
         vision_layers=int(getattr(vision, "depth", getattr(vision, "num_hidden_layers", 0)) or 0),
         vision_width=int(getattr(vision, "hidden_size", 0) or 0),
         lora_params=float(lora))
-
-
-MEASURED_BAND = ("none: a measured step model has no assumed quantities to vary; how far its "
-                 "predictions fall from measured runs is bench.plan_check's figure")
 
 
 def computes_chosen_logits(config: Any) -> bool:

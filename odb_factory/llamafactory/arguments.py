@@ -129,7 +129,8 @@ class ODBRunOptions:
     def _set_padding_free(self, on: bool, reason: str) -> None:
         self.padding_free, self.padding_free_reason = on, reason
         if on:
-            balance_mode = self.config.balance_mode if self.config.balance_mode in ("lpt", "min_move") else "lpt"
+            # packed groups balance by LPT or min-move; any other mode becomes LPT
+            balance_mode = "min_move" if self.config.balance_mode == "min_move" else "lpt"
             self.config = dataclasses.replace(self.config, cost_mode="packed", balance_mode=balance_mode)
 
     def value_of(self, key: str) -> Any:
