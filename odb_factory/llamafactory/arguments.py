@@ -232,7 +232,7 @@ def stage_arguments(raw: Mapping[str, Any]) -> Dict[str, Any]:
     """Stage pt: LLaMA-Factory concatenates the documents into cutoff_len blocks unless
     `packing` is set (every block then costs the same, nothing to batch dynamically); with ODB
     each document is a sample of its own length, so an unset `packing` becomes false."""
-    if raw.get("stage", "sft") == "pt" and raw.get("packing") is None:
+    if raw.get("stage") == "pt" and raw.get("packing") is None:
         return dict(raw, packing=False)
     return dict(raw)
 
