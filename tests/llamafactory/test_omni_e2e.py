@@ -12,6 +12,7 @@ from tests.helpers.lf_runs import SHARED_DEMO, base_yaml, ledger, log_history, t
 
 pytest.importorskip("llamafactory")
 pytest.importorskip("soundfile")
+pytestmark = pytest.mark.slow  # every test reads the module's 2-rank training run
 
 ODB = {"odb_enable": True, "odb_step": "groups", "odb_loss_scaling": "exact", "odb_token_budget": 1024,
        "odb_buffer_size": 32, "odb_collate_workers": 1}
