@@ -240,7 +240,7 @@ def stage_arguments(raw: Mapping[str, Any]) -> Dict[str, Any]:
 def settle_stage(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
     """What the stage decides: stage dpo's pairs train in padded rows (LLaMA-Factory's pairwise
     collator and DPO loss read a batch as its chosen rows, then its rejected rows)."""
-    if raw.get("stage", "sft") in PAIRWISE_STAGES:
+    if raw.get("stage") in PAIRWISE_STAGES:  # unset: LLaMA-Factory's sft
         if odb.padding_free is None:
             odb.padding_free = False
             odb.padding_free_reason = (f"stage {raw['stage']}: a batch is its chosen rows, then its rejected "
@@ -409,10 +409,10 @@ def ddp_unused_parameter_problems(raw: Mapping[str, Any], model_type: Optional[s
     (or, looking for unused parameters under reentrant checkpointing, at its first backward):
     named here, with the settings that avoid it."""
     if (model_type not in UNUSED_PARAMETER_MODEL_TYPES or world_size < 2 or raw.get("deepspeed")
-            or raw.get("fsdp") or raw.get("finetuning_type", "lora") != "full"
+            or raw.get("fsdp") or raw.get("finetuning_type") != "full"  # unset: LLaMA-Factory's lora
             or raw.get("freeze_vision_tower", True)):
         return []
-    checkpointing = not raw.get("disable_gradient_checkpointing", False)
+    checkpointing = not raw.get("disable_gradient_checkpointing")
     find_unused = raw.get("ddp_find_unused_parameters")
     if find_unused is None:  # transformers' Trainer looks for them unless checkpointing
         find_unused = not checkpointing

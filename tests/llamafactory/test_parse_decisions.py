@@ -10,8 +10,10 @@ import json
 
 import pytest
 
-from odb_factory.llamafactory.arguments import (check_model, ddp_unused_parameter_problems, parse_odb_arguments,
-                                                stage_arguments)
+from odb_factory.llamafactory.arguments import (audio_stage_refusal, check_model, check_paths,
+                                                ddp_unused_parameter_problems, model_refusal, parse_odb_arguments,
+                                                settle_stage, stage_arguments, vision_stage_refusal)
+from odb_factory.llamafactory.padding_free import padding_free_refusal
 
 OMNI_FULL = {"finetuning_type": "full", "freeze_vision_tower": False}
 
@@ -102,3 +104,60 @@ def test_a_hub_model_id_is_left_to_the_loaded_model(tmp_path):
     odb = parse_odb_arguments({"odb_enable": True})
     check_model(odb, {"model_name_or_path": "Qwen/Qwen3-VL-8B-Instruct"})
     assert odb.padding_free is None   # undecided until the trainer sees the model
+
+
+def test_the_padding_free_decision_is_returned_and_kept():
+    odb = parse_odb_arguments({"odb_enable": True})
+    assert odb.decide_padding_free("qwen3", flash_attention=False) is True
+    assert odb.decide_padding_free("gemma3", flash_attention=False) is True   # decided once
+    assert parse_odb_arguments({"odb_enable": True}).decide_padding_free("gemma3", flash_attention=False) is False
+
+
+def test_stage_dpo_trains_padded_rows_and_says_why():
+    odb = parse_odb_arguments({"odb_enable": True})
+    settle_stage(odb, {"stage": "dpo"})
+    assert (odb.padding_free, odb.padding_free_reason) == (
+        False, "stage dpo: a batch is its chosen rows, then its rejected rows, one per pair")
+    for raw in ({}, {"stage": "sft"}, {"stage": "pt"}):   # LLaMA-Factory's default stage is sft
+        odb = parse_odb_arguments({"odb_enable": True})
+        settle_stage(odb, raw)
+        assert odb.padding_free is None
+
+
+def test_a_model_the_options_can_train_has_no_refusal_and_every_reason_has_its_line():
+    assert model_refusal(parse_odb_arguments({"odb_enable": True}), "qwen3") is None   # the trainer tests `is None`
+    every_stage = parse_odb_arguments({"odb_enable": True, "odb_padding_free": True, "odb_balance": True,
+                                       "odb_balance_stages": ["llm", "vision", "audio"]})
+    assert model_refusal(every_stage, "gemma3") == "\n".join(
+        [vision_stage_refusal("gemma3"), audio_stage_refusal("gemma3"), padding_free_refusal("gemma3")])
+
+
+def test_the_unused_parameter_check_reads_llamafactorys_defaults():
+    """Unset finetuning_type is LLaMA-Factory's lora (nothing of the tower trained) and unset
+    disable_gradient_checkpointing leaves checkpointing on."""
+    assert ddp_unused_parameter_problems({"freeze_vision_tower": False}, "qwen2_5_omni", 2) == []
+    assert ddp_unused_parameter_problems(dict(OMNI_FULL, ddp_find_unused_parameters=True,
+                                              disable_gradient_checkpointing=True), "qwen2_5_omni", 2) == []
+    assert len(ddp_unused_parameter_problems(dict(OMNI_FULL, ddp_find_unused_parameters=True),
+                                             "qwen2_5_omni", 2)) == 1
+
+
+def test_missing_local_paths_are_named_and_hub_ids_left_alone(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    check_paths({})                                                   # nothing set: LLaMA-Factory's to refuse
+    check_paths({"model_name_or_path": "Qwen/Qwen3-VL-8B-Instruct"})  # a hub id
+    check_paths({"dataset_dir": "ONLINE", "dataset": "alpaca"})       # LLaMA-Factory's hub datasets
+    for missing in ("/absent/odb_model", "~/absent_odb_model", "./absent_odb_model"):
+        with pytest.raises(FileNotFoundError, match=f"^model_name_or_path: {missing} does not exist$"):
+            check_paths({"model_name_or_path": missing})
+    with pytest.raises(FileNotFoundError, match="^dataset_dir: absent is not a directory$"):
+        check_paths({"dataset_dir": "absent"})
+    data = tmp_path / "data"
+    data.mkdir()
+    check_paths({"dataset_dir": str(data), "dataset": "alpaca"})      # no dataset_info.json: LLaMA-Factory's to read
+    (data / "dataset_info.json").write_text(json.dumps({"alpaca": {}, "identity": {}}))
+    check_paths({"dataset_dir": str(data)})                           # no dataset named
+    check_paths({"dataset_dir": str(data), "dataset": "alpaca, identity"})
+    with pytest.raises(ValueError, match=r"^dataset \['absent'\] not registered in .*dataset_info.json "
+                                         r"\(known: \['alpaca', 'identity'\]\)$"):
+        check_paths({"dataset_dir": str(data), "dataset": "alpaca,absent"})
