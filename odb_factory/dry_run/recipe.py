@@ -41,7 +41,8 @@ class Recipe:
     def packed_attention(self) -> str:
         """How the run's packed rows would attend: per sample under flash attention or
         `odb_packed_attention: segments`, else through a dense block mask."""
-        if str(self.raw.get("flash_attn", "auto")) in ("fa2", "fa3"):
+        from ..llamafactory.arguments import flash_attention_requested
+        if flash_attention_requested(self.raw):
             return "segments"
         return self.odb.adapter.packed_attention
 

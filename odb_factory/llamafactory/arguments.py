@@ -322,6 +322,12 @@ def check_compatible(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
         raise ValueError("incompatible settings with odb_enable: true:\n  - " + "\n  - ".join(problems))
 
 
+def flash_attention_requested(raw: Mapping[str, Any]) -> bool:
+    """Whether the recipe asks for flash attention (`flash_attn: fa2` or `fa3`; unset is
+    LLaMA-Factory's auto, which does not)."""
+    return raw.get("flash_attn") in ("fa2", "fa3")
+
+
 def _transformers_version() -> str:
     import transformers
     return transformers.__version__
@@ -330,7 +336,7 @@ def _transformers_version() -> str:
 def version_problems(odb: ODBRunOptions, raw: Mapping[str, Any], transformers_version: str) -> List[str]:
     """What the installed transformers rules out for this run."""
     problems = []
-    if str(raw.get("flash_attn", "auto")) in ("fa2", "fa3") and transformers_version in FLASH_ATTENTION_BROKEN:
+    if flash_attention_requested(raw) and transformers_version in FLASH_ATTENTION_BROKEN:
         problems.append(f"flash_attn: {raw['flash_attn']}: transformers {transformers_version}'s flash "
                         "attention fails on the first forward (flash_attention_forward calls "
                         "s_aux.to() with s_aux None; 5.6.1 and later guard it, but LLaMA-Factory 0.9.5 "
@@ -395,7 +401,7 @@ def check_model(odb: ODBRunOptions, raw: Mapping[str, Any]) -> None:
     reasons = [r for r in reasons if r]
     if reasons:
         raise ValueError("\n".join(reasons))
-    odb.decide_padding_free(model_type, flash_attention=str(raw.get("flash_attn", "auto")) in ("fa2", "fa3"))
+    odb.decide_padding_free(model_type, flash_attention=flash_attention_requested(raw))
 
 
 # Qwen2.5-Omni's audio tower holds an embedding (audio_bos_eos_token) that no forward uses: with the

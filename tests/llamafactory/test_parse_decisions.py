@@ -10,9 +10,10 @@ import json
 
 import pytest
 
-from odb_factory.llamafactory.arguments import (audio_stage_refusal, check_model, check_paths,
-                                                ddp_unused_parameter_problems, model_refusal, parse_odb_arguments,
-                                                settle_stage, stage_arguments, vision_stage_refusal)
+from odb_factory.llamafactory.arguments import (audio_stage_refusal, check_compatible, check_model, check_paths,
+                                                ddp_unused_parameter_problems, model_refusal, packing_problem,
+                                                parse_odb_arguments, settle_stage, stage_arguments,
+                                                vision_stage_refusal)
 from odb_factory.llamafactory.padding_free import padding_free_refusal
 
 OMNI_FULL = {"finetuning_type": "full", "freeze_vision_tower": False}
@@ -161,3 +162,35 @@ def test_missing_local_paths_are_named_and_hub_ids_left_alone(tmp_path, monkeypa
     with pytest.raises(ValueError, match=r"^dataset \['absent'\] not registered in .*dataset_info.json "
                                          r"\(known: \['alpaca', 'identity'\]\)$"):
         check_paths({"dataset_dir": str(data), "dataset": "alpaca,absent"})
+
+
+def test_every_incompatible_setting_is_named_in_one_message():
+    raw = {"use_dft_loss": True, "accelerator_config": {"dispatch_batches": True}, "streaming": True,
+           "use_hyper_parallel": True, "use_kt": True, "tokenized_path": "cache", "group_by_length": True}
+    with pytest.raises(ValueError) as refused:
+        check_compatible(parse_odb_arguments({"odb_enable": True}), raw)
+    assert str(refused.value) == "\n  - ".join([
+        "incompatible settings with odb_enable: true:",
+        "use_dft_loss: it replaces the loss function ODB weights to reproduce the fixed-batch loss; set "
+        "odb_step: groups and odb_loss_scaling: none to keep it, or turn it off",
+        "dispatch_batches: true: rank 0 would read and broadcast every batch, but ODB batches are formed per "
+        "rank; set accelerator_config.dispatch_batches: false",
+        "streaming: ODB needs a map-style dataset (views and resume are by index); set streaming: false",
+        "use_hyper_parallel: hyper-parallel training runs its own trainer and data path, which ODB does not "
+        "hook; remove the odb_* keys or turn use_hyper_parallel off",
+        "use_kt: KTransformers training runs its own trainer and data path, which ODB does not hook; remove "
+        "the odb_* keys or turn use_kt off",
+        "tokenized_path: LLaMA-Factory would tokenize the whole dataset up front and save it, while ODB "
+        "processes each sample lazily in its DataLoader workers; remove tokenized_path",
+        "group_by_length sampling: ODB already groups by real length; use the default train_sampling_strategy"])
+    # the suggested way to keep a replacement loss is accepted
+    check_compatible(parse_odb_arguments({"odb_enable": True, "odb_step": "groups", "odb_loss_scaling": "none"}),
+                     {"use_dft_loss": True, "use_eaft_loss": True, "use_asft_loss": True})
+
+
+def test_packing_and_neat_packing_are_refused_with_the_way_out():
+    message = ("packing/neat_packing: ODB forms token-budgeted groups itself (packing would re-batch its groups, "
+               "and packing has open bugs with Qwen3-VL); set packing: false, and odb_padding_free: true to "
+               "train each group without padding")
+    assert packing_problem({"packing": True}) == packing_problem({"neat_packing": True}) == message
+    assert packing_problem({"packing": False, "neat_packing": False}) is None and packing_problem({}) is None
