@@ -13,7 +13,7 @@ import pytest
 from odb_factory.llamafactory.arguments import (audio_stage_refusal, check_compatible, check_model, check_paths,
                                                 ddp_unused_parameter_problems, model_refusal, packing_problem,
                                                 parse_odb_arguments, settle_stage, stage_arguments,
-                                                vision_stage_refusal)
+                                                version_problems, vision_stage_refusal)
 from odb_factory.llamafactory.padding_free import padding_free_refusal
 
 OMNI_FULL = {"finetuning_type": "full", "freeze_vision_tower": False}
@@ -194,3 +194,37 @@ def test_packing_and_neat_packing_are_refused_with_the_way_out():
                "train each group without padding")
     assert packing_problem({"packing": True}) == packing_problem({"neat_packing": True}) == message
     assert packing_problem({"packing": False, "neat_packing": False}) is None and packing_problem({}) is None
+
+
+def test_keys_that_decide_padding_free_before_the_model_is_known():
+    def decided(**keys):
+        odb = parse_odb_arguments({"odb_enable": True, **keys})
+        return odb.padding_free, odb.padding_free_reason
+    assert decided(odb_cost_mode="packed") == decided(odb_balance_mode="min_move") == (None, "")  # auto waits
+    assert decided(odb_cost_mode="padded") == (False, "odb_cost_mode: padded asks for padded groups")
+    assert decided(odb_balance=True, odb_balance_stages=["llm", "vision"]) == (
+        False, "encoder-stage balancing (odb_balance_stages) runs on padded groups")
+    assert parse_odb_arguments({"odb_padding_free_row_tokens": 1}).adapter.padding_free_row_tokens == 1
+    with pytest.raises(ValueError, match="^odb_padding_free_row_tokens: 0 is below 1$"):
+        parse_odb_arguments({"odb_padding_free_row_tokens": 0})
+    with pytest.raises(ValueError, match="^odb_balance: 'maybe' is not a boolean"):
+        parse_odb_arguments({"odb_balance": "maybe"})
+
+
+def test_what_the_installed_transformers_rules_out_is_named():
+    every_stage = parse_odb_arguments({"odb_enable": True, "odb_balance": True,
+                                       "odb_balance_stages": ["llm", "vision", "audio"]})
+    assert version_problems(every_stage, {"flash_attn": "fa2", "include_tokens_per_second": True}, "4.40.0") == [
+        "odb_balance_stages: [vision] runs inside the model's forward as transformers 4.57.1–4.57.6 and 5.6.0 "
+        "write it; transformers 4.40.0 is installed. Use odb_balance_stages: [llm]",
+        "odb_balance_stages: [audio] runs inside Qwen2.5-Omni's thinker as transformers 4.57.1–4.57.6 and "
+        "5.6.0 write it; transformers 4.40.0 is installed. Remove audio from odb_balance_stages",
+        "include_tokens_per_second: transformers 4.x counts the tokens by iterating the training loader once "
+        "before training (a whole extra epoch of ODB's lazy pipeline, on every rank); use "
+        "include_effective_tokens_per_second"]
+    assert version_problems(every_stage, {"flash_attn": "fa3"}, "5.6.0") == [
+        "flash_attn: fa3: transformers 5.6.0's flash attention fails on the first forward "
+        "(flash_attention_forward calls s_aux.to() with s_aux None; 5.6.1 and later guard it, but "
+        "LLaMA-Factory 0.9.5 accepts transformers up to 5.6.0); use flash_attn: sdpa (padding-free rows then "
+        "attend per sample through sdpa), or transformers 4.57.6"]
+    assert version_problems(every_stage, {"flash_attn": "sdpa", "include_tokens_per_second": True}, "5.6.0") == []
