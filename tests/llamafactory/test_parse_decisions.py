@@ -228,3 +228,25 @@ def test_what_the_installed_transformers_rules_out_is_named():
         "LLaMA-Factory 0.9.5 accepts transformers up to 5.6.0); use flash_attn: sdpa (padding-free rows then "
         "attend per sample through sdpa), or transformers 4.57.6"]
     assert version_problems(every_stage, {"flash_attn": "sdpa", "include_tokens_per_second": True}, "5.6.0") == []
+
+
+def test_each_refused_setting_alone_is_named():
+    odb = parse_odb_arguments({"odb_enable": True})
+    with pytest.raises(ValueError) as refused:
+        check_compatible(odb, {"stage": "kto"})
+    assert str(refused.value) == ("odb_enable: true applies to stage ['sft', 'pt', 'dpo']; this run has stage 'kto'. "
+                                  "Set odb_enable: false (or remove the odb_* keys), or use stage: sft, pt or dpo")
+    for loss in ("use_dft_loss", "use_eaft_loss", "use_asft_loss"):
+        with pytest.raises(ValueError, match=f"^incompatible settings with odb_enable: true:\n  - {loss}: it replaces"):
+            check_compatible(odb, {loss: True})
+    with pytest.raises(ValueError, match="^incompatible settings with odb_enable: true:\n  - group_by_length sampling"):
+        check_compatible(odb, {"train_sampling_strategy": "group_by_length"})   # transformers 5's spelling
+    check_compatible(odb, {"train_sampling_strategy": "random"})
+
+
+def test_odb_balance_exchanges_samples_in_the_loader_only_for_the_llm_stage():
+    def balance(stages):
+        return parse_odb_arguments({"odb_balance": True, "odb_balance_stages": stages}).config.balance
+    assert balance(["llm"]) is True and balance(["llm", "vision"]) is True
+    assert balance(["vision"]) is False
+    assert parse_odb_arguments({"odb_balance": False, "odb_balance_stages": ["llm"]}).config.balance is False
