@@ -36,8 +36,10 @@ def test_a_measured_model_prices_with_its_coefficients(tmp_path):
     m = measured_step_model(_file(tmp_path), world=2)
     assert (m.c0, m.a, m.b, m.head, m.idle_s) == (0.5, 1e-3, 1e-7, 3e-3, 0.5)
     assert (m.device, m.ranks_meet, m.world) == ("cpu", "optimizer_step", 2)
-    assert (m.comm_micro_s, m.comm_opt_s, m.optimizer_s, m.va) == (0, 0, 0, 0)
-    assert m.fits(10 ** 9) and m.name == "measured (model.json)"
+    # no vision terms (recipes with images are refused), no collectives or optimizer apart, no memory model
+    assert (m.v0, m.va, m.vb, m.comm_micro_s, m.comm_opt_s, m.optimizer_s) == (0, 0, 0, 0, 0, 0)
+    assert (m.static_bytes, m.bytes_per_token, m.bytes_per_patch, m.hbm_bytes) == (0, 0, 0, math.inf)
+    assert m.ranks_per_node == 2 and m.fits(10 ** 9) and m.name == "measured (model.json)"
 
 
 @pytest.mark.parametrize("changes, message", [
