@@ -320,7 +320,7 @@ def main(argv=None) -> List[dict]:
     (root / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if args.fit_out:
         Path(args.fit_out).write_text(json.dumps(
-            step_model_json(fit_coefficients(all_steps(root, rows)), RANKS, [str(root)]), indent=1) + "\n")
+            step_model_json(fit_coefficients(all_steps(root, rows)), RANKS, [args.name]), indent=1) + "\n")
     lines = table(rows)
     print(md_table(lines, [(k, k) for k in lines[0]]))
     if args.repeats > 1:
