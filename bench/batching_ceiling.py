@@ -78,10 +78,11 @@ def rows_of(lengths: List[int], row_tokens: Optional[int]) -> List[List[int]]:
 
 
 def packed(model: torch.nn.Module, lengths: List[int], row_tokens: Optional[int] = None,
-           supervised_share: float = 1.0) -> None:
+           supervised_share: float = 1.0, every_logit: bool = False) -> None:
     """The step's samples as packed rows (per-segment attention, the weighted token loss); with
     `supervised_share` < 1 each sample's first tokens are an unsupervised prompt and the model
-    computes the logits of the supervised positions only (`logits_to_keep`, as ODB does)."""
+    computes the logits of the supervised positions only (`logits_to_keep`, as ODB does), or of
+    every position with `every_logit` (the control of the test that both give one gradient)."""
     from odb_factory.loss import supervised_positions, weighted_token_sum
     weight = 1.0 / sum(lengths)
     for row in rows_of(lengths, row_tokens):
@@ -90,7 +91,7 @@ def packed(model: torch.nn.Module, lengths: List[int], row_tokens: Optional[int]
         labels = ids.clone()
         for start, n in zip(itertools.accumulate([0, *row]), row):
             labels[0, start:start + n - max(1, round(n * supervised_share))] = -100
-        kept = supervised_positions(labels) if supervised_share < 1 else None
+        kept = supervised_positions(labels) if supervised_share < 1 and not every_logit else None
         positions = torch.cat([torch.arange(n) for n in row]).unsqueeze(0)
         bounds = torch.tensor([0, *itertools.accumulate(row)], dtype=torch.int32)
         out = model(input_ids=ids, position_ids=positions, cu_seq_lens_q=bounds, cu_seq_lens_k=bounds,

@@ -79,10 +79,8 @@ def check(names: List[str], out: Optional[Path], skip: Set[Tuple[str, str]] = fr
                 raise SystemExit(f"{target['name']}: no invocation of another cell to fit the step model on")
             steps = [s for r in others for s in all_steps(r["root"], r["rows"])]
             fitted = step_model_json(fit_coefficients(steps), RANKS, [r["name"] for r in others])
-            model = work / f"{target['name']}.step_model.json"
-            model.write_text(json.dumps(fitted, indent=1))
-            if out:
-                (out / model.name).write_text(json.dumps(fitted, indent=1) + "\n")
+            model = (out or work) / f"{target['name']}.step_model.json"
+            model.write_text(json.dumps(fitted, indent=1) + "\n")
             for (cell, method), config in sorted(target["recipes"].items()):
                 if not config.get("odb_enable") or (target["name"], method) in skip:
                     continue

@@ -26,37 +26,14 @@ def test_rows_keep_every_sample_whole_in_order_under_the_row_size(lengths, row_t
 
 
 def test_supervised_logits_only_give_every_positions_gradients():
-    """The same seeded step, packed with every position's logits and with the supervised ones
-    only: the same gradients."""
+    """The same seeded step, packed with the supervised positions' logits only and with every
+    position's: the same gradients."""
     model = batching_ceiling.build_model(vocab=1024).double()
-    lengths = [7, 12, 5]
     grads = []
-    for kept in (True, False):
+    for every_logit in (False, True):
         model.zero_grad(set_to_none=True)
         torch.manual_seed(1)
-        if kept:
-            batching_ceiling.packed(model, lengths, row_tokens=16, supervised_share=0.6)
-        else:
-            _packed_all_logits(model, lengths, row_tokens=16, supervised_share=0.6)
+        batching_ceiling.packed(model, [7, 12, 5], row_tokens=16, supervised_share=0.6, every_logit=every_logit)
         grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
     assert torch.allclose(grads[0], grads[1], rtol=1e-6, atol=1e-9)  # the loss casts logits to fp32
     assert grads[0].abs().sum() > 0
-
-
-def _packed_all_logits(model, lengths, row_tokens, supervised_share):
-    """batching_ceiling.packed's rows and labels with every position's logits computed."""
-    import itertools
-
-    from odb_factory.loss import weighted_token_sum
-    weight = 1.0 / sum(lengths)
-    for row in batching_ceiling.rows_of(lengths, row_tokens):
-        total = sum(row)
-        ids = torch.randint(0, 1000, (1, total))
-        labels = ids.clone()
-        for start, n in zip(itertools.accumulate([0, *row]), row):
-            labels[0, start:start + n - max(1, round(n * supervised_share))] = -100
-        positions = torch.cat([torch.arange(n) for n in row]).unsqueeze(0)
-        bounds = torch.tensor([0, *itertools.accumulate(row)], dtype=torch.int32)
-        out = model(input_ids=ids, position_ids=positions, cu_seq_lens_q=bounds, cu_seq_lens_k=bounds,
-                    max_length_q=max(row), max_length_k=max(row))
-        weighted_token_sum(out.logits.float(), labels, torch.full((1, total), weight)).backward()
