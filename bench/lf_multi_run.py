@@ -67,10 +67,11 @@ def micro_batch_work(batch, supervised_logits: bool = False) -> dict:
             "images": len(per_image), "patches": sum(per_image), "patch_sq": sum(x * x for x in per_image)}
 
 
-def step_work(inputs, supervised_logits: bool = False) -> dict:
-    """A `training_step` call's work: one micro-batch, or `samples` mode's several."""
+def step_work(inputs, keeps_supervised_logits=lambda batch: False) -> dict:
+    """A `training_step` call's work: one micro-batch, or `samples` mode's several
+    (`keeps_supervised_logits(batch)`: the ODB trainer's own decision for that micro-batch)."""
     batches = getattr(inputs, "micro_batches", None) or [inputs]
-    works = [micro_batch_work(b, supervised_logits and "odb_sample_weights" in b) for b in batches]
+    works = [micro_batch_work(b, keeps_supervised_logits(b)) for b in batches]
     return {k: sum(w[k] for w in works) for k in works[0]}
 
 
@@ -99,8 +100,8 @@ class ComputeTimer:
                 if depth == 0:
                     seconds = time.perf_counter() - start
                     self.seconds += seconds
-                    supervised = getattr(trainer, "_odb_supervised_logits", False)
-                    self.steps.append(dict(step_work(inputs, supervised), time_s=seconds))
+                    keeps = getattr(trainer, "_odb_keeps_supervised_logits", lambda batch: False)
+                    self.steps.append(dict(step_work(inputs, keeps), time_s=seconds))
         cls.training_step = timed
 
 

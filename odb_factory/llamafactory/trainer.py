@@ -280,12 +280,12 @@ class ODBTrainerMixin:
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs.pop(TOKEN_SAMPLE_KEY, None)  # a packed row's token owners: for the loader and the counts
+        supervised = self._odb_keeps_supervised_logits(inputs)
         weights = inputs.pop("odb_sample_weights", None)
         if weights is None:
             # groups mode: HF's loss call, the window's token sum, at the supervised positions
             # only when training (evaluation's metrics read every position's logits)
-            kept = (model.training and self._odb_supervised_logits and "labels" in inputs
-                    and self.compute_loss_func == self._odb_window_loss)
+            kept = model.training and supervised
             self._odb_logits_kept = supervised_positions(inputs["labels"]) if kept else None
             if kept:
                 inputs["logits_to_keep"] = self._odb_logits_kept
@@ -294,7 +294,7 @@ class ODBTrainerMixin:
             finally:
                 self._odb_logits_kept = None
         labels = inputs.pop("labels")
-        positions = supervised_positions(labels) if self._odb_supervised_logits else None
+        positions = supervised_positions(labels) if supervised else None
         if positions is not None:
             inputs["logits_to_keep"] = positions
         outputs = model(**inputs)
@@ -302,6 +302,14 @@ class ODBTrainerMixin:
         loss = weighted_token_sum(logits.float(), labels.to(logits.device), weights.to(logits.device),
                                   positions=None if positions is None else positions.to(logits.device))
         return (loss, outputs) if return_outputs else loss
+
+    def _odb_keeps_supervised_logits(self, inputs) -> bool:
+        """Whether a training forward of `inputs` computes logits at the supervised positions
+        only (`odb_supervised_logits`, on a model that takes `logits_to_keep`): a `samples`-mode
+        micro-batch (its weighted token loss), or a `groups`-mode one whose loss is the window's
+        token sum; LLaMA-Factory's own losses (`odb_loss_scaling: none`) read every position."""
+        return (self._odb_supervised_logits and "labels" in inputs
+                and ("odb_sample_weights" in inputs or self.compute_loss_func == self._odb_window_loss))
 
     def _odb_window_loss(self, outputs, labels, num_items_in_batch=None):
         """The step mode's loss over HF's accumulation window (groups mode: `token_sum_loss`),

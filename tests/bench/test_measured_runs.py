@@ -92,8 +92,8 @@ def test_packed_rows_count_each_sample_attention_alone():
     class Step:
         micro_batches = [padded, packed]
     assert step_work(Step())["micro_batches"] == 2 and step_work(Step())["tokens"] == 40
-    # the LM head's positions: all of them, or the union of the rows' supervised ones (a
-    # samples-mode micro-batch, which carries its sample weights, under odb_supervised_logits)
+    # the LM head's positions: all of them, or (where the trainer keeps the supervised logits
+    # of that micro-batch) the union of the rows' supervised ones
     labels = torch.full((3, 10), -100)
     labels[0, 4:7], labels[2, 6] = 1, 1                  # next-token positions 3, 4, 5 and 5
     weighted = dict(padded, labels=labels, odb_sample_weights=torch.ones(3))
@@ -104,4 +104,5 @@ def test_packed_rows_count_each_sample_attention_alone():
 
     class Weighted:
         micro_batches = [weighted, unweighted]
-    assert step_work(Weighted(), supervised_logits=True)["logit_tokens"] == 9 + 30
+    assert step_work(Weighted(), lambda batch: "odb_sample_weights" in batch)["logit_tokens"] == 9 + 30
+    assert step_work(Weighted())["logit_tokens"] == 30 + 30

@@ -402,3 +402,26 @@ def test_supervised_logits_need_a_forward_that_takes_logits_to_keep():
         odb_logger.setLevel(level)
     assert [r.getMessage() for r in records] == [
         "ODB: logits at every position (Qwen2_5OmniThinkerForConditionalGeneration.forward takes no logits_to_keep)"]
+
+
+def test_which_training_batches_compute_the_supervised_logits_only():
+    """The trainer's one decision, which its loss and bench.cpu_layer's step records both read:
+    a `samples`-mode micro-batch (it carries its sample weights), or a `groups`-mode one whose
+    loss is the window's token sum; not LLaMA-Factory's own loss (`odb_loss_scaling: none`), not
+    without labels, not with `odb_supervised_logits` off or unavailable."""
+    from types import SimpleNamespace
+
+    from odb_factory.llamafactory.trainer import ODBTrainerMixin
+
+    def window_loss(*args):
+        return None
+
+    def keeps(batch, enabled=True, loss=window_loss):
+        trainer = SimpleNamespace(_odb_supervised_logits=enabled, compute_loss_func=loss,
+                                  _odb_window_loss=window_loss)
+        return ODBTrainerMixin._odb_keeps_supervised_logits(trainer, batch)
+    samples, groups = {"labels": 1, "odb_sample_weights": 1}, {"labels": 1}
+    assert keeps(samples) and keeps(groups)
+    assert keeps(samples, loss=None) and not keeps(groups, loss=None)
+    assert not keeps(samples, enabled=False) and not keeps(groups, enabled=False)
+    assert not keeps({"odb_sample_weights": 1}) and not keeps({})
