@@ -32,8 +32,8 @@ Methods, one epoch each over the same training split, batch 1 per device × `--a
   ODB padded                 `odb_padding_free: false` (padded token-budgeted micro-batches)
   ODB default, budget 1024   `odb_token_budget: 1024` set explicitly (what `auto` picks here)
   ODB default, budget 4096   `odb_token_budget: 4096`, the accelerator's (and, before `auto`, every run's) budget:
-                             one packed row a step on long rows (bench.batching_ceiling: past ~1,100 tokens a
-                             packed row's per-token time grows on this CPU)
+                             one packed row a step on long rows (bench.row_size: a long packed row's per-token time
+                             grows on this CPU once the ranks run short of memory)
   ODB default, all logits    `odb_supervised_logits: false`: logits at every position, as Standard computes them
                              (the control that isolates what leaving out the prompt positions' logits saves)
   ODB padding-free + mask    `odb_padding_free: true`, `odb_packed_attention: mask` (transformers' dense block mask)

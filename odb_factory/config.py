@@ -66,8 +66,9 @@ class ODBConfig:
         4096, "`L_max`: tokens of one group (micro-batch) per rank. A group costs "
         "`n·roundup(max_len)` (padded) or `Σ len` (packed); larger budgets mean fewer, fuller "
         "steps until memory or step time dominates. With LLaMA-Factory, `auto` (the default): "
-        "1024 in `odb_step: samples` on CPU, where packed rows past ~1,100 tokens cost more per "
-        "token (docs/padding_free.md) and the budget cannot change the model; 4096 otherwise "
+        "1024 in `odb_step: samples` on CPU, where long packed rows cost more per token once the "
+        "ranks run short of memory (docs/padding_free.md) and the budget cannot change the model; "
+        "4096 otherwise "
         "(in `groups` mode the budget makes the optimizer steps, so it does not follow the "
         "device). The start-up log says which.", agree=True, minimum=1, lf_default="auto")
     join: bool = option(

@@ -36,8 +36,8 @@ logger = logging.getLogger("odb_factory")
 # corrects it as samples are consumed): a padded group's real tokens over its padded cost,
 # typical of the length-sorted groups the planner forms. A packed group costs its real tokens.
 PADDED_GROUP_FILL = 0.8
-# `odb_token_budget: auto` in samples mode on CPU: packed rows past ~1,100 tokens cost more per
-# token there (bench/reference/batching-ceiling-2026-12-05, docs/padding_free.md)
+# `odb_token_budget: auto` in samples mode on CPU: long packed rows cost more per token there once
+# the ranks run short of memory (bench/reference/row-size-2026-12-07, docs/padding_free.md)
 CPU_SAMPLES_TOKEN_BUDGET = 1024
 
 
@@ -206,7 +206,7 @@ class SamplesMode(StepMode):
         # the budget only cuts the fixed-batch run's steps into micro-batches: it may follow the device
         if on_cpu:
             return CPU_SAMPLES_TOKEN_BUDGET, ("odb_token_budget: auto, odb_step: samples on CPU, where a packed "
-                                              "row past ~1,100 tokens costs more per token; the model is the same")
+                                              "row costs more per token once memory runs short; the model is the same")
         return default, "odb_token_budget: auto, odb_step: samples on an accelerator"
 
     def standard_steps(self, trainer: Any) -> Callable[[int], List[StandardStep]]:
