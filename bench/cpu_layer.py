@@ -36,6 +36,8 @@ Methods, one epoch each over the same training split, batch 1 per device × `--a
                              grows on this CPU once the ranks run short of memory)
   ODB default, all logits    `odb_supervised_logits: false`: logits at every position, as Standard computes them
                              (the control that isolates what leaving out the prompt positions' logits saves)
+  ODB default + odb_balance  `odb_balance: true`: each optimizer step's samples re-dealt across the ranks so that
+                             every rank's rows cost the same (OrchMLLM's post-balancing; the same samples per step)
   ODB padding-free + mask    `odb_padding_free: true`, `odb_packed_attention: mask` (transformers' dense block mask)
   ODB groups                 `odb_step: groups` (token-budgeted optimizer steps: another model)
 All but group_by_length and ODB groups train the same samples in the same optimizer steps (the
@@ -90,6 +92,7 @@ METHODS = {"standard": ("Standard", {}),
            "odb_budget_4096": ("ODB default, odb_token_budget: 4096", {"odb_enable": True, "odb_token_budget": 4096}),
            "odb_all_logits": ("ODB default, logits at every position", {"odb_enable": True,
                                                                          "odb_supervised_logits": False}),
+           "odb_balance": ("ODB default + odb_balance", {"odb_enable": True, "odb_balance": True}),
            "odb_groups": ("ODB groups (token-budgeted optimizer steps)", {"odb_enable": True, "odb_step": "groups"}),
            "odb_mask": ("ODB padding-free + mask", {"odb_enable": True, "odb_padding_free": True,
                                                     "odb_packed_attention": "mask"})}
