@@ -34,13 +34,13 @@ class TrainLoader:
     only an upper bound."""
 
     def __init__(self, loader: ODBDataLoader, mode: StepMode, progress: SampleProgress,
-                 control_of: Callable[[], Any], epoch_samples: int, steps_per_epoch: int = 0):
+                 control_of: Callable[[], Any], epoch_samples: int, steps_per_epoch: int):
         self.loader = loader
         self.mode = mode
         self.progress = progress                # the run's (ODBRun.progress)
         self.control_of = control_of
         self.epoch_samples = epoch_samples    # samples one epoch trains over all ranks
-        self.steps_per_epoch = steps_per_epoch  # samples mode: optimizer steps of an epoch
+        self.steps_per_epoch = steps_per_epoch  # samples mode: optimizer steps of an epoch (groups: 0)
         self.pending: List[ODBBatch] = []     # micro-steps since the last optimizer step
         self.epoch_consumed = 0               # samples of the current epoch, all ranks
         self.updates_per_epoch = 0            # HF's optimizer steps per epoch (set_initial_training_values)

@@ -30,7 +30,7 @@ def _world(tmp_path, epochs=1.0, audit="audit", samples=SAMPLES):
     progress = SampleProgress()
     progress.start(int(samples * epochs))
     loader = TrainLoader(ODBDataLoader(dataset, cfg, collate_fn=pad_collate), GroupsMode(), progress,
-                         lambda: control, samples)
+                         lambda: control, samples, steps_per_epoch=0)
     callback = ODBCallback(lambda: loader, progress, rank=0, audit_dir=str(tmp_path / audit) if audit else None,
                            row_of=lambda i: 1000 + i, max_steps_from_user=False, num_train_epochs=epochs)
     return loader, callback, control

@@ -62,7 +62,7 @@ def test_samples_mode_yields_one_item_per_optimizer_step_with_the_fixed_batch_we
 
 
 def test_groups_mode_yields_each_micro_step_and_stops_the_epoch_before_its_bound():
-    loader, control = _train_loader(GroupsMode())
+    loader, control = _train_loader(GroupsMode(), token_budget=512)   # an epoch that ends in IDLE steps
     try:
         loader.set_epoch(0)
         assert len(loader) == loader.steps_upper_bound() == 3 * (-(-37 // 3) + 1)
@@ -71,9 +71,10 @@ def test_groups_mode_yields_each_micro_step_and_stops_the_epoch_before_its_bound
         steps = loader.take_pending()
         assert len(batches) == len(steps) <= len(loader) and len(steps) % 3 == 0
         assert sorted(i for s in steps for i in s.indices) == list(range(37))
+        assert any(step.is_idle for step in steps)
         for step, batch in zip(steps, batches):
-            if step.is_idle:  # an IDLE filler trains nothing
-                assert bool((batch["labels"] == -100).all())
+            # an IDLE filler trains nothing: groups mode's token-sum loss reads its labels
+            assert bool((batch["labels"] == -100).all()) == step.is_idle
         assert control.should_epoch_stop is True and loader.progress.consumed == 37
     finally:
         loader.loader.close()
@@ -120,3 +121,32 @@ def test_loss_weights_follow_the_tokens_of_a_packed_row_and_vanish_when_idle():
     assert SamplesMode.loss_weights(step, token_sample).abs().sum() == 0
     padded = SimpleNamespace(sample_weights=[0.5, 0.25], is_idle=False, data={"input_ids": torch.zeros(2, 5)})
     assert SamplesMode.loss_weights(padded, None).tolist() == [0.5, 0.25]
+
+
+def test_a_resumed_loader_maps_hf_epochs_onto_its_own():
+    """HF restarts its epoch loop at global_step // updates_per_epoch; the loader, saved in a
+    later epoch, shifts HF's epoch numbers by the difference, and keeps the epoch's consumed
+    samples until its epoch changes."""
+    first, _ = _train_loader(GroupsMode())
+    try:
+        first.set_epoch(3)
+        for _ in first:
+            if len(first.take_pending()) and first.epoch_consumed:
+                break
+        saved = first.state_dict()
+    finally:
+        first.loader.close()
+    for updates_per_epoch, global_step, shift in ((2, 5, 1), (1, 1, 2), (0, 1, 2)):
+        second, _ = _train_loader(GroupsMode())
+        try:
+            second.updates_per_epoch = updates_per_epoch
+            second.load_state_dict(saved, global_step=global_step)
+            assert second.epoch_shift == shift
+            consumed = second.epoch_consumed
+            assert consumed == saved["epoch_consumed"] > 0
+            second.set_epoch(3 - shift)          # HF's epoch of the checkpoint: the loader's 3
+            assert second.loader.epoch == 3 and second.epoch_consumed == consumed
+            second.set_epoch(4 - shift)          # the next one starts from nothing
+            assert second.loader.epoch == 4 and second.epoch_consumed == 0
+        finally:
+            second.loader.close()
