@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ..balance import QWEN3_VL_LLM, VISION_BY_PATCH_TOTAL, BalancePlan, StageCostModel, balance
+from ..comm.topology import ranks_per_node
+from ..config import ODBConfig
 from ..cost import SampleCost, padded_length
 
 BYTES_PER_TOKEN = 8  # token id + label, int32 each: what a pre-collate sample carries
@@ -30,6 +32,14 @@ class StepBalance:
     # packed modes: a sample's vision-encoder cost from its patch total, in cost_model's unit;
     # None leaves the encoder out
     vision_cost_model: Optional[StageCostModel] = VISION_BY_PATCH_TOTAL
+
+
+def step_balance_of(config: ODBConfig, world_size: int) -> StepBalance:
+    """The post-balancing a run of `config` does on `world_size` ranks (padded groups keep
+    within the token budget; packed ones are costed by their tokens)."""
+    return StepBalance(mode=config.balance_mode, ranks_per_node=ranks_per_node(config.ranks_per_node, world_size),
+                       token_budget=config.token_budget if config.cost_mode == "padded" else None,
+                       tolerance=config.balance_tolerance, pad_to_multiple_of=config.pad_to_multiple_of)
 
 
 def plan_step(costs_per_rank: Sequence[Sequence[SampleCost]], spec: StepBalance) -> Optional[BalancePlan]:

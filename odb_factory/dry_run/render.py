@@ -66,7 +66,8 @@ def text(plan: dict) -> str:
     out.append(f"  {groups} groups ({s['odb_padding_free_reason'] or 'odb_padding_free'})"
                + (f"; packed rows attend {attention}" if s["odb_padding_free"] else ""))
     if s["odb_balance"]:
-        out.append("  odb_balance is not simulated: the figures are before post-balancing")
+        out.append("  odb_balance: samples mode's micro-steps are post-balanced as the run's loader does; "
+                   "groups mode's figures are before post-balancing")
     if s["set_aside"]:
         out.append(f"  set aside for the dry run (device settings): {', '.join(s['set_aside'])}")
     rate = f", {rows['rows_per_second']:.0f} rows/s" if rows["rows_per_second"] else ""

@@ -14,6 +14,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
+from ..balance.step_plan import step_balance_of
 from ..config import ODBConfig
 from ..cost import SampleCost
 from ..planning.grouping import Budget, PlannedSample
@@ -126,7 +127,8 @@ def schedule_for(mode: str, config: ODBConfig, world: int, standard: Schedule,
     cfg = dataclasses.replace(config, over_budget="singleton")
     if mode == "samples":
         return samples_schedule(standard, costs, Budget.from_config(cfg), global_grouping=cfg.global_grouping,
-                                ranks_per_node=cfg.ranks_per_node or world)
+                                ranks_per_node=cfg.ranks_per_node or world,
+                                balance=step_balance_of(cfg, world) if cfg.balance else None)
     return groups_schedule(costs, cfg, world, name="odb_groups", pad_to_accumulation=True)
 
 

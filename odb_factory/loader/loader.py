@@ -23,7 +23,7 @@ from ..config import ODBConfig
 from ..cost import CostFn, DefaultCost
 from ..planning.grouping import Budget
 from ..planning.optimizer_steps import MICRO_MEAN, TOKEN_MEAN, StandardStep, fixed_batch_steps
-from ..balance.step_plan import StepBalance
+from ..balance.step_plan import step_balance_of
 from ..planning.rounds import RankPlanner
 from ..planning.views import cycling_view, epoch_view
 from .step_rebalancer import StepRebalancer
@@ -35,7 +35,6 @@ from .metrics import LoaderMetrics
 from .planner_thread import EpochPlanner, OptimizerStepSpec, PlannerThread, SampleStore, StepPlan
 from ..comm.channel import SyncChannel
 from ..comm.errors import ODBSyncError
-from ..comm.topology import ranks_per_node
 
 
 def die_with_parent(_worker_id: int) -> None:
@@ -354,10 +353,7 @@ class ODBDataLoader:
         cfg = self.config
         if not (cfg.balance or cfg.global_grouping) or self.world_size == 1:
             return None
-        spec = StepBalance(mode=cfg.balance_mode,
-                           ranks_per_node=ranks_per_node(cfg.ranks_per_node, self.world_size),
-                           token_budget=cfg.token_budget if cfg.cost_mode == "padded" else None,
-                           tolerance=cfg.balance_tolerance, pad_to_multiple_of=cfg.pad_to_multiple_of)
+        spec = step_balance_of(cfg, self.world_size)
         return StepRebalancer(self.sync, spec if cfg.balance else None, Budget.from_config(cfg),
                               global_grouping=cfg.global_grouping, seed=str(cfg.seed),
                               ranks_per_node=spec.ranks_per_node)

@@ -1,6 +1,6 @@
 """Re-layout mechanism: global grouping and post-balancing of each aligned round.
 
-Plans come from `planning/global_grouping.py` and `balance/step_plan.py` (pure, identical on
+Plans come from `planning/global_grouping.py` and `planning/post_balance.py` (pure, identical on
 every rank); this file moves the pre-collate samples (token ids, labels, media paths: small)
 so that each lands on the rank that will collate and train it. Loss weights and ledgers
 follow the samples.
@@ -15,8 +15,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..cost import SampleCost
 from ..planning.grouping import Budget, PlannedSample
-from ..balance.step_plan import StepBalance, plan_step
+from ..balance.step_plan import StepBalance
 from ..planning.global_grouping import Layout, apply_layout, regroup_round
+from ..planning.post_balance import identity_layout, post_balanced
 from ..planning.rounds import Slot
 from ..comm.object_exchange import exchange_objects
 from ..comm.channel import SyncChannel
@@ -53,9 +54,7 @@ class StepRebalancer:
     def plan(self, all_costs: Sequence[Sequence[Sequence[SampleCost]]], round_no: int,
              epoch: int) -> Tuple[Layout, Dict[str, float]]:
         """The layout every rank computes from the gathered costs, and its figures."""
-        world = len(all_costs)
-        layout: Layout = [[[(r, p, i) for i in range(len(slot))] for p, slot in enumerate(rank)]
-                          for r, rank in enumerate(all_costs)]
+        layout: Layout = identity_layout(all_costs)
         metrics: Dict[str, float] = {}
         started = time.perf_counter()
         if self.global_grouping:
@@ -64,13 +63,7 @@ class StepRebalancer:
             metrics["global_grouping_rounds"] = float(regrouped is not None)
             layout = regrouped or layout
         if self.spec is not None:
-            costs = apply_layout(layout, all_costs)
-            plans = [plan_step([costs[r][p] for r in range(world)], self.spec) for p in range(len(layout[0]))]
-            for p, plan in enumerate(plans):
-                if plan is not None:
-                    column = [layout[r][p] for r in range(world)]
-                    for r in range(world):
-                        layout[r][p] = [column[src][pos] for src, pos in plan.destinations[r]]
+            layout, plans = post_balanced(layout, all_costs, self.spec)
             balanced = [p for p in plans if p is not None]
             metrics.update({
                 "balance_max_over_lb_before": _mean(max(p.cost_before) / p.lower_bound if p.lower_bound else 1.0

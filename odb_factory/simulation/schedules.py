@@ -17,11 +17,13 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from ..balance.step_plan import StepBalance
 from ..config import ODBConfig
 from ..cost import SampleCost
 from ..planning.global_grouping import apply_layout, regroup_round
 from ..planning.grouping import Budget, PlannedSample
 from ..planning.optimizer_steps import align_step, pack_step
+from ..planning.post_balance import identity_layout, post_balanced
 from ..planning.simulated_world import simulate_epoch
 
 
@@ -83,11 +85,14 @@ def groups_schedule(costs: Sequence[SampleCost], config: ODBConfig, world: int, 
 
 def samples_schedule(standard: Schedule, costs: Sequence[SampleCost], budget: Budget,
                      over_budget: str = "singleton", name: str = "odb_samples",
-                     global_grouping: bool = False, ranks_per_node: int = 1) -> Schedule:
+                     global_grouping: bool = False, ranks_per_node: int = 1,
+                     balance: Optional[StepBalance] = None) -> Schedule:
     """`step_mode="samples"` on a fixed-batch schedule: the same optimizer steps with the same
     samples; each rank packs its share of a step (`pack_step`) and the ranks align their
     micro-batch counts (`align_step`), as the planner thread does; with `global_grouping` the
-    step's micro-batches are then re-formed over every rank's share (`regroup_round`)."""
+    step's micro-batches are then re-formed over every rank's share (`regroup_round`), and with
+    `balance` each micro-step's samples re-dealt across the ranks (`post_balanced`), as the
+    loader's StepRebalancer does."""
     s, steps, ends = standard, [], []
     for start in range(0, len(s.steps), s.accumulation):
         window = s.steps[start:start + s.accumulation]
@@ -100,6 +105,10 @@ def samples_schedule(standard: Schedule, costs: Sequence[SampleCost], budget: Bu
             layout = regroup_round([[[x.cost for x in g] for g in rank] for rank in aligned], budget,
                                    ranks_per_node, seed=str(start))
             aligned = apply_layout(layout, aligned) if layout is not None else aligned
+        if balance is not None and s.world > 1:
+            layout, _ = post_balanced(identity_layout(aligned), [[[x.cost for x in g] for g in rank] for rank in aligned],
+                                      balance)
+            aligned = apply_layout(layout, aligned)
         steps += [[index_array([x.index for x in aligned[r][m]]) for r in range(s.world)]
                   for m in range(len(aligned[0]))]
         ends.append(len(steps) - 1)
