@@ -150,3 +150,12 @@ def test_a_resumed_loader_maps_hf_epochs_onto_its_own():
             assert second.loader.epoch == 4 and second.epoch_consumed == 0
         finally:
             second.loader.close()
+
+
+def test_the_collate_masks_each_rows_first_label_only():
+    """A shifted causal loss never reads a row's first label; masked, HF's label count equals
+    the tokens the loss averages over."""
+    from odb_factory.llamafactory.train_loader import LFCollate
+    features = [{"labels": [5, 6, 7]}, {"labels": [8, 9, -100]}]
+    batch = LFCollate(lambda rows: {"labels": torch.tensor([r["labels"] for r in rows]), "n": len(rows)})(features)
+    assert batch["labels"].tolist() == [[-100, 6, 7], [-100, 9, -100]] and batch["n"] == 2
