@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import socket
 import statistics
 import time
 from typing import List
 
 import torch
+
+from odb_factory.llamafactory.launch import _free_port
 
 from .batching_ceiling import build_model, lognormal_lengths, packed
 from .tables import md_table
@@ -74,12 +75,6 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="256,512,1024,2048,3072,4096",
@@ -95,7 +90,7 @@ def main(argv=None) -> str:
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "table.md")
-        mp.spawn(measure, args=(args.ranks, free_port(), args, out), nprocs=args.ranks)
+        mp.spawn(measure, args=(args.ranks, _free_port(), args, out), nprocs=args.ranks)
         with open(out) as f:
             table = f.read()
     print(f"{args.ranks} ranks in step, one thread each; rows of lognormal lengths (mean {args.mean:g}, "
