@@ -37,7 +37,10 @@ Methods, one epoch each over the same training split, batch 1 per device × `--a
   ODB default, all logits    `odb_supervised_logits: false`: logits at every position, as Standard computes them
                              (the control that isolates what leaving out the prompt positions' logits saves)
   ODB default + odb_balance  `odb_balance: true`: each optimizer step's samples re-dealt across the ranks so that
-                             every rank's rows cost the same (OrchMLLM's post-balancing; the same samples per step)
+                             every rank's rows cost the same (OrchMLLM's post-balancing; the same samples per step;
+                             what `odb_balance: auto`, the default since 2026-12-07, does on these 2 ranks)
+  ODB default, no balance    `odb_balance: false`: each rank trains its own view's samples (the default before
+                             2026-12-07; the control that isolates post-balancing)
   ODB padding-free + mask    `odb_padding_free: true`, `odb_packed_attention: mask` (transformers' dense block mask)
   ODB groups                 `odb_step: groups` (token-budgeted optimizer steps: another model)
 All but group_by_length and ODB groups train the same samples in the same optimizer steps (the
@@ -93,6 +96,7 @@ METHODS = {"standard": ("Standard", {}),
            "odb_all_logits": ("ODB default, logits at every position", {"odb_enable": True,
                                                                          "odb_supervised_logits": False}),
            "odb_balance": ("ODB default + odb_balance", {"odb_enable": True, "odb_balance": True}),
+           "odb_no_balance": ("ODB default, no balance", {"odb_enable": True, "odb_balance": False}),
            "odb_groups": ("ODB groups (token-budgeted optimizer steps)", {"odb_enable": True, "odb_step": "groups"}),
            "odb_mask": ("ODB padding-free + mask", {"odb_enable": True, "odb_padding_free": True,
                                                     "odb_packed_attention": "mask"})}

@@ -143,8 +143,11 @@ class ODBConfig:
         lf_key=None, lf_source="the vision config's `spatial_merge_size`")
     balance: bool = option(
         False, "Post-balance every aligned step across ranks (OrchMLLM): samples are re-dealt "
-        "before collation so each rank's LLM-stage cost is even, within `token_budget`.",
-        agree=True)
+        "before collation so each rank's LLM-stage cost is even, within `token_budget`. With "
+        "LLaMA-Factory, `auto` (the default): on in `odb_step: samples` when more than one rank "
+        "trains (a step's samples only change ranks: the same model, and the ranks wait less for "
+        "the longest), off in `groups` mode; the start-up log says which.",
+        agree=True, lf_default="auto")
     global_grouping: bool = option(
         False, "Form each round's groups over every rank's samples (their costs are gathered "
         "anyway): the union sorted and cut into groups of least maximal cost, in the fewest "

@@ -34,7 +34,7 @@ def test_yaml_keys_are_derived_from_the_declarations():
     assert not set(ADAPTER_KEYS) & set(lf_keys()), "an adapter option shadows an engine option"
     assert sorted(all_keys()) == sorted("odb_" + k for k in list(ADAPTER_KEYS) + list(lf_keys()))
     assert lf_defaults() == {"token_budget": "auto", "num_collate_workers": 1, "step_mode": "samples",
-                             "loss_scaling": "standard"}
+                             "loss_scaling": "standard", "balance": "auto"}
 
 
 def test_rank_agreement_and_resume_checks_cover_the_declared_fields():

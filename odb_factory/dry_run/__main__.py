@@ -118,6 +118,7 @@ def make_plan(a: argparse.Namespace) -> dict:
     started = time.perf_counter()
     r = recipe.parse(Path(a.recipe), a.overrides,
                      on_cpu=measured_model is not None and measured_model.device == "cpu")
+    r.odb.decide_balance(a.world_size)  # `odb_balance: auto`, as the run's trainer settles it
     data = pipeline.training_set(r)
     loaded = time.perf_counter()
     total = len(data.dataset)
@@ -167,7 +168,7 @@ def make_plan(a: argparse.Namespace) -> dict:
             "packed_attention": attention,
             "odb_over_budget": cfg.over_budget, "odb_max_vision_patches": cfg.max_vision_patches,
             "pad_to_multiple_of": cfg.pad_to_multiple_of, "seed": cfg.seed, "set_aside": r.set_aside,
-            "odb_balance": r.odb.value_of("odb_balance")},
+            "odb_balance": r.odb.value_of("odb_balance"), "odb_balance_reason": r.odb.balance_reason},
         "rows": {"training_rows": total, "dropped_malformed": data.converted_rows - total,
                  "measured": int(len(measured.positions)), "note": report.sample_note(len(measured.positions), total),
                  "pipeline_seconds": measured.seconds, "workers": measured.workers,

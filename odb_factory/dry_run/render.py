@@ -65,9 +65,12 @@ def text(plan: dict) -> str:
                  else "through a dense block mask ((Σ len)² a row)")
     out.append(f"  {groups} groups ({s['odb_padding_free_reason'] or 'odb_padding_free'})"
                + (f"; packed rows attend {attention}" if s["odb_padding_free"] else ""))
+    why = f" ({s['odb_balance_reason']})" if s.get("odb_balance_reason") else ""
     if s["odb_balance"]:
-        out.append("  odb_balance: samples mode's micro-steps are post-balanced as the run's loader does; "
+        out.append(f"  odb_balance{why}: samples mode's micro-steps are post-balanced as the run's loader does; "
                    "groups mode's figures are before post-balancing")
+    elif why:
+        out.append(f"  no post-balancing{why}")
     if s["set_aside"]:
         out.append(f"  set aside for the dry run (device settings): {', '.join(s['set_aside'])}")
     rate = f", {rows['rows_per_second']:.0f} rows/s" if rows["rows_per_second"] else ""

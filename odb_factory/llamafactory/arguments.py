@@ -100,6 +100,10 @@ class ODBRunOptions:
     # default until then), and why the value it settled on
     token_budget_auto: bool = False
     token_budget_reason: str = ""
+    # `odb_balance: auto` waiting for the world size (config.balance is False until then), and why
+    # the value it settled on
+    balance_auto: bool = False
+    balance_reason: str = ""
 
     def decide_token_budget(self, on_cpu: bool) -> int:
         """Settle `odb_token_budget: auto` for a run on CPU or an accelerator, as the step mode
@@ -110,6 +114,18 @@ class ODBRunOptions:
             self.config = dataclasses.replace(self.config, token_budget=budget)
             self.token_budget_auto = False
         return self.config.token_budget
+
+    def decide_balance(self, world_size: int) -> bool:
+        """Settle `odb_balance: auto` for `world_size` ranks, as the step mode says (once; an
+        explicit value stands). `auto` turns on the LLM stage only, where `odb_balance_stages`
+        holds it."""
+        if self.balance_auto:
+            on, self.balance_reason = step_mode(self.config.step_mode).auto_balance(world_size)
+            if on and "llm" not in self.adapter.balance_stages:
+                on, self.balance_reason = False, "odb_balance: auto, odb_balance_stages leaves out llm"
+            self.config = dataclasses.replace(self.config, balance=on)
+            self.balance_auto = False
+        return self.config.balance
 
     def decide_padding_free(self, model_type: Optional[str], flash_attention: bool) -> bool:
         """Settle `odb_padding_free: auto` for a model of this type (once; an explicit value or
@@ -141,6 +157,8 @@ class ODBRunOptions:
         if name in ADAPTER_KEYS:
             return getattr(self.adapter, name)
         if name == "balance":
+            if self.balance_auto:
+                return AUTO
             return self.config.balance or self.vision_stage or self.audio_stage
         if name == "token_budget" and self.token_budget_auto:
             return AUTO
@@ -179,19 +197,21 @@ def parse_odb_arguments(values: Mapping[str, Any]) -> ODBRunOptions:
     key_of = {field: LF_PREFIX + key for key, field in by_key.items()}
     # odb_balance turns balancing on; the stages say where: the loader's sample exchange
     # (the engine's `balance`) for `llm`, the model's encoder for `vision`.
-    requested = typed_dataclass(ODBConfig, {"balance": engine_values.pop("balance", False)},
-                                key_of=key_of).balance
+    base = dict(lf_defaults())
+    balance = engine_values.pop("balance", base.pop("balance"))
+    balance_auto = str(balance).strip().lower() == AUTO  # decided with the world size (decide_balance)
+    requested = not balance_auto and typed_dataclass(ODBConfig, {"balance": balance}, key_of=key_of).balance
     engine_values["balance"] = requested and "llm" in adapter.balance_stages
     if adapter.padding_free == "true":
         engine_values = padding_free_costs(engine_values)
     # `auto` is the adapter's; the engine gets its own default until the device decides
-    base = dict(lf_defaults())
     budget_auto = str(engine_values.get("token_budget", base.pop("token_budget"))).strip().lower() == AUTO
     if budget_auto:
         engine_values.pop("token_budget", None)
     config = typed_dataclass(ODBConfig, engine_values, base=base, key_of=key_of)
     odb = ODBRunOptions(adapter, config, vision_stage=requested and "vision" in adapter.balance_stages,
-                        audio_stage=requested and "audio" in adapter.balance_stages, token_budget_auto=budget_auto)
+                        audio_stage=requested and "audio" in adapter.balance_stages, token_budget_auto=budget_auto,
+                        balance_auto=balance_auto)
     decided = auto_padding_free_without_model(odb, engine_values)
     if decided is not None:
         odb.padding_free, odb.padding_free_reason = decided

@@ -139,6 +139,11 @@ class StepMode:
         engine's budget)."""
         raise NotImplementedError
 
+    def auto_balance(self, world_size: int) -> Tuple[bool, str]:
+        """(on, why) for `odb_balance: auto` on `world_size` ranks (the LLM stage's sample
+        exchange)."""
+        raise NotImplementedError
+
     def standard_steps(self, trainer: Any) -> Optional[Callable[[int], List[StandardStep]]]:
         """The fixed-batch run's optimizer steps per epoch, for the engine (None: not used)."""
         return None
@@ -208,6 +213,13 @@ class SamplesMode(StepMode):
             return CPU_SAMPLES_TOKEN_BUDGET, ("odb_token_budget: auto, odb_step: samples on CPU, where a packed "
                                               "row costs more per token once memory runs short; the model is the same")
         return default, "odb_token_budget: auto, odb_step: samples on an accelerator"
+
+    def auto_balance(self, world_size: int) -> Tuple[bool, str]:
+        if world_size < 2:
+            return False, "odb_balance: auto, one rank: nothing to re-deal"
+        # a step's samples only change ranks: the same model (bench/reference/cpu-layer-2026-12-07-cv1-mean256-balance)
+        return True, (f"odb_balance: auto, odb_step: samples on {world_size} ranks: each micro-step's samples are "
+                      "re-dealt so the ranks carry even costs; the model is the same")
 
     def standard_steps(self, trainer: Any) -> Callable[[int], List[StandardStep]]:
         return trainer._odb_standard_steps
@@ -286,6 +298,9 @@ class GroupsMode(StepMode):
     def auto_token_budget(self, on_cpu: bool, default: int) -> Tuple[int, str]:
         return default, ("odb_token_budget: auto, odb_step: groups (the budget makes the optimizer steps, "
                          "so it does not follow the device)")
+
+    def auto_balance(self, world_size: int) -> Tuple[bool, str]:
+        return False, "odb_balance: auto, odb_step: groups (set odb_balance: true to post-balance its groups)"
 
     def epoch_extent(self, trainer: Any, config: ODBConfig, dataset_size: int) -> Tuple[int, int]:
         return (config.quota if (not config.join and config.quota) else dataset_size), 0

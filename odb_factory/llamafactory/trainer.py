@@ -103,6 +103,9 @@ class ODBTrainerMixin:
         budget = self._odb.decide_token_budget(on_cpu=self.args.device.type == "cpu")
         if self._odb.token_budget_reason:
             logger.info("ODB: odb_token_budget %d (%s)", budget, self._odb.token_budget_reason)
+        balance = self._odb.decide_balance(self.args.world_size)
+        if self._odb.balance_reason:
+            logger.info("ODB: post-balancing %s (%s)", "on" if balance else "off", self._odb.balance_reason)
         if self._odb.vision_stage or self._odb.audio_stage:
             self._odb_callback.encoder_stages.balancers = self._odb_balance_encoder_stages()
         self._odb_mode.describe(self.args.per_device_train_batch_size, self._odb_mode.engine_accumulation(

@@ -290,7 +290,7 @@ def test_padding_free_auto_decides_by_model_and_keys(lf, tmp_path, tiny_model, d
             for v in (None, True, False)] == ["auto", True, False]
     assert options(odb_balance=True, odb_balance_stages=["vision"]).value_of("odb_balance") is True
     assert options(odb_balance=True, odb_balance_stages=["vision"]).config.balance is False  # no llm stage
-    assert options().value_of("odb_balance") is False
+    assert options().value_of("odb_balance") == "auto" and options(odb_balance=False).value_of("odb_balance") is False
     with pytest.raises(ValueError, match=r"^odb_padding_free: 'maybe' is not one of \['auto', 'true', 'false'\]$"):
         decided(odb_padding_free="maybe")
     with pytest.raises(ValueError, match=r"^odb_packed_attention: 'dense' is not one of \['segments', 'mask'\]$"):

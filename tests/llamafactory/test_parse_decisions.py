@@ -250,3 +250,29 @@ def test_odb_balance_exchanges_samples_in_the_loader_only_for_the_llm_stage():
     assert balance(["llm"]) is True and balance(["llm", "vision"]) is True
     assert balance(["vision"]) is False
     assert parse_odb_arguments({"odb_balance": False, "odb_balance_stages": ["llm"]}).config.balance is False
+
+
+def test_odb_balance_auto_post_balances_samples_mode_on_more_than_one_rank():
+    def settled(world, **keys):
+        odb = parse_odb_arguments({"odb_enable": True, **keys})
+        explicit = keys.get("odb_balance", "auto")
+        assert odb.value_of("odb_balance") == ("auto" if str(explicit).lower() == "auto" else explicit)
+        on = odb.decide_balance(world)
+        assert odb.decide_balance(1 if world > 1 else 4) is on, "decided once"
+        assert odb.config.balance is on and odb.value_of("odb_balance") is on
+        return on, odb.balance_reason
+    assert settled(2) == (True, "odb_balance: auto, odb_step: samples on 2 ranks: each micro-step's samples "
+                                "are re-dealt so the ranks carry even costs; the model is the same")
+    assert settled(8, odb_balance="AUTO")[0] is True
+    assert settled(1) == (False, "odb_balance: auto, one rank: nothing to re-deal")
+    assert settled(2, odb_step="groups") == (
+        False, "odb_balance: auto, odb_step: groups (set odb_balance: true to post-balance its groups)")
+    assert settled(2, odb_balance_stages=["vision"]) == (
+        False, "odb_balance: auto, odb_balance_stages leaves out llm")
+    # an explicit value stands, and says nothing
+    assert settled(2, odb_balance=False) == (False, "")
+    assert settled(1, odb_balance=True) == (True, "")
+    assert settled(2, odb_step="groups", odb_balance=True) == (True, "")
+    # auto turns on the loader's exchange only: the encoder stages stay the explicit key's
+    odb = parse_odb_arguments({"odb_enable": True, "odb_balance_stages": ["llm", "vision"]})
+    assert odb.decide_balance(2) and not odb.vision_stage and odb.padding_free is None

@@ -86,6 +86,7 @@ def test_samples_mode_trains_the_standard_model_zero2_text(tmp_path, tiny_model,
     ds_config = Path(__file__).resolve().parents[2] / "recipes" / "parts" / "deepspeed" / "ds_z2.json"
     standard, odb, rows = _pair(tmp_path, tiny_model, data, "zero2", deepspeed=str(ds_config))
     _assert_same_training(standard, odb, rows)
+    assert any("odb/balance_max_over_lb" in h for h in odb), "post-balancing ran (odb_balance: auto)"
 
 
 def test_samples_mode_trains_the_standard_model_text_model_post_balanced(tmp_path, demo_data):
@@ -113,3 +114,36 @@ def test_padding_free_global_grouping_samples_mode_trains_the_standard_model(tmp
     assert any("odb/balance_max_over_lb" in h for h in odb), "post-balancing ran"
     assert any(h.get("odb/global_grouping_rounds", 0) > 0 for h in odb), "global grouping re-laid out steps"
     assert all(r["padded_tokens"] == r["input_tokens"] for r in rows), "a padding-free group costs its tokens"
+
+
+def test_samples_mode_resumes_its_post_balanced_steps_as_a_continuation(tmp_path, tiny_model, demo_data):
+    """The default keys on 2 ranks post-balance every step (`odb_balance: auto`); a run resumed
+    from a checkpoint trains the uninterrupted run's steps: each (step, rank)'s samples, every
+    logged loss, learning rate and gradient norm, and the final checkpoint."""
+    data = _text_only(demo_data, tmp_path / "text_only")
+    common = dict(per_device_train_batch_size=1, gradient_accumulation_steps=4, learning_rate=2e-3,
+                  warmup_ratio=0.1, max_grad_norm=1.0, seed=11, eval_strategy="no", save_strategy="steps",
+                  save_steps=2, odb_enable=True, odb_token_budget=512)
+    out, audit = tmp_path / "uninterrupted", tmp_path / "uninterrupted_audit"
+    proc = train(base_yaml(tiny_model, data, out, odb_audit_dir=str(audit), **common), nproc=2)
+    assert "ODB: post-balancing on (odb_balance: auto, odb_step: samples on 2 ranks" in proc.stdout + proc.stderr
+    rows = ledger(audit)
+    last = max(r["step"] for r in rows)
+    assert last >= 4, "too few steps to resume in the middle"
+    assert any("odb/balance_max_over_lb" in h for h in log_history(out)), "post-balancing ran"
+    resumed, resumed_audit = tmp_path / "resumed", tmp_path / "resumed_audit"
+    train(base_yaml(tiny_model, data, resumed, odb_audit_dir=str(resumed_audit),
+                    resume_from_checkpoint=str(out / "checkpoint-2"), **common), nproc=2)
+
+    def steps(ledger_rows):
+        return sorted((r["step"], r["rank"], sorted(r["indices"])) for r in ledger_rows if r["step"] > 2)
+    assert steps(ledger(resumed_audit)) == steps(rows), "the resumed run trained other samples"
+
+    def logged(out_dir):
+        return {h["step"]: h for h in log_history(out_dir) if "loss" in h and h["step"] > 2}
+    uninterrupted, continued = logged(out), logged(resumed)
+    assert sorted(continued) == sorted(uninterrupted) and continued
+    for number, entry in continued.items():
+        for key in ("loss", "learning_rate", "grad_norm"):
+            assert entry[key] == pytest.approx(uninterrupted[number][key], rel=1e-6, abs=1e-12), (number, key)
+    assert (resumed / f"checkpoint-{last}" / "odb_state_rank0.json").exists()

@@ -41,8 +41,11 @@ def _yaml(model, data, out, **extra):
 def test_dpo_samples_mode_trains_the_standard_model(tmp_path, text_model, pair_data):
     std, odb, audit = tmp_path / "standard", tmp_path / "odb", tmp_path / "audit"
     train(_yaml(text_model, pair_data, std), nproc=2)
-    train(_yaml(text_model, pair_data, odb, odb_enable=True, odb_token_budget=2048, odb_audit_dir=str(audit)),
-          nproc=2)
+    proc = train(_yaml(text_model, pair_data, odb, odb_enable=True, odb_token_budget=2048, odb_audit_dir=str(audit)),
+                 nproc=2)
+    # the default post-balancing moves whole pairs between the ranks
+    assert "ODB: post-balancing on (odb_balance: auto" in proc.stdout + proc.stderr
+    assert any("odb/balance_max_over_lb" in h for h in lf_runs.log_history(odb))
     for a, b in assert_trains_the_standard_model(std, odb, REL):
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
     rows = ledger(audit)

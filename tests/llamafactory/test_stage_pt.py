@@ -41,6 +41,7 @@ def test_pt_samples_mode_trains_the_standard_model(tmp_path, text_model, pt_data
     # the default budget (auto) on CPU
     proc = train(_yaml(text_model, pt_data, odb, odb_enable=True, odb_audit_dir=str(audit)), nproc=2)
     assert "ODB: odb_token_budget 1024 (odb_token_budget: auto, odb_step: samples on CPU" in proc.stdout + proc.stderr
+    assert "ODB: post-balancing on (odb_balance: auto" in proc.stdout + proc.stderr
     assert_trains_the_standard_model(std, odb, REL)
     rows = ledger(audit)
     assert any(r["micro_steps"] < 4 for r in rows), "nothing was packed"
