@@ -41,8 +41,18 @@ def invocation(name: str) -> dict:
     for cell in {r["cell"] for r in rows}:
         for config in json.loads((root / f"{cell}.json").read_text()):
             method = Path(config["output_dir"]).name[len(cell) + 1:].rsplit("_r", 1)[0]
-            recipes[(cell, method)] = config
+            recipes[(cell, method)] = as_it_ran(config)
     return {"name": name, "root": root, "rows": rows, "recipes": recipes, "cells": {cell for cell, _ in recipes}}
+
+
+def as_it_ran(config: dict) -> dict:
+    """The recipe with `odb_balance` as the run settled it: runs from before `odb_balance: auto`
+    became the default (2026-12-07) trained without post-balancing, and the dry run would now
+    plan the same keys with it. What ran is in the run's log (the balancer's figures)."""
+    if not config.get("odb_enable") or "odb_balance" in config:
+        return config
+    history = json.loads((Path(config["output_dir"]) / "trainer_state.json").read_text())["log_history"]
+    return dict(config, odb_balance=any("odb/balance_max_over_lb" in h for h in history))
 
 
 def measured_ratios(rows: List[dict], cell: str, method: str) -> List[float]:
