@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from torch.utils.data import DataLoader
 
-from ..config import ODBConfig
+from ..config import ODBConfig, option_name
 from ..cost import CostFn, DefaultCost
 from ..planning.grouping import Budget
 from ..planning.optimizer_steps import MICRO_MEAN, TOKEN_MEAN, StandardStep, fixed_batch_steps
@@ -180,11 +180,11 @@ class ODBDataLoader:
         if state.get("rank") != self.rank:
             raise ValueError(f"ODB state of rank {state.get('rank')} given to rank {self.rank}: each rank "
                              "resumes from the state it saved (save one per rank, load it on the same rank)")
-        changed = {k: (v, state["config"].get(k)) for k, v in self.config.planning_fields().items()
-                   if state["config"].get(k) != v}
+        changed = [f"{option_name(k)} is {v!r} now, {state['config'].get(k)!r} in the state"
+                   for k, v in self.config.planning_fields().items() if state["config"].get(k) != v]
         if changed:
-            raise ValueError("ODB state was saved with different planning options "
-                             f"(option: (now, saved)) {changed}; resume with the same options")
+            raise ValueError("ODB state was saved with different planning options: " + "; ".join(changed)
+                             + ". Resume with the options it was saved with")
         self._epoch = state["epoch"]
         self._resume = state
 
