@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..config import LF_PREFIX, ODBConfig, lf_defaults, lf_keys, option, typed_dataclass, unknown_key_message
+from ..config import LF_PREFIX, ODBConfig, OptionTypeError, lf_defaults, lf_keys, option, typed_dataclass, unknown_key_message
 from ..versions import ENCODER_STAGE_TRANSFORMERS_RANGES, FLASH_ATTENTION_BROKEN, describe, encoder_stage_supported
 from .padding_free import padding_free_refusal
 from .step_modes import step_mode
@@ -200,7 +200,10 @@ def parse_odb_arguments(values: Mapping[str, Any]) -> ODBRunOptions:
     base = dict(lf_defaults())
     balance = engine_values.pop("balance", base.pop("balance"))
     balance_auto = str(balance).strip().lower() == AUTO  # decided with the world size (decide_balance)
-    requested = not balance_auto and typed_dataclass(ODBConfig, {"balance": balance}, key_of=key_of).balance
+    try:
+        requested = not balance_auto and typed_dataclass(ODBConfig, {"balance": balance}, key_of=key_of).balance
+    except OptionTypeError as exc:  # the adapter's third value
+        raise OptionTypeError(f"{exc}, or auto (the default)") from None
     engine_values["balance"] = requested and "llm" in adapter.balance_stages
     if adapter.padding_free == "true":
         engine_values = padding_free_costs(engine_values)
