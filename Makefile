@@ -90,7 +90,8 @@ mutation: $(STAMP)
 	test -n "$(MUTATE)" || { echo "unknown PART=$(PART): use core, comm, loader or llamafactory"; exit 2; }
 	rm -rf $(MUTATION_DIR)
 	mkdir -p $(MUTATION_DIR)/hits $(MUTATION_DIR)/mutants  # on PYTHONPATH before mutmut fills it
-	cp -r --parents odb_factory tests/__init__.py tests/conftest.py tests/helpers $(MUTATION_TESTS) $(MUTATION_DIR)/
+	cp -r --parents odb_factory tests/__init__.py $(wildcard tests/conftest.py tests/*/conftest.py) tests/helpers \
+	  $(MUTATION_TESTS) $(MUTATION_DIR)/
 	find $(MUTATION_DIR) -name __pycache__ -prune -exec rm -rf {} +
 	printf '%s\n' '[mutmut]' 'source_paths = odb_factory' \
 	  'only_mutate =' $(addprefix '    ,$(addsuffix ',$(MUTATE))) \

@@ -5,7 +5,6 @@ learning rates and eval loss."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -15,19 +14,6 @@ from tests.helpers.lf_runs import assert_trains_the_standard_model, base_yaml, l
 pytest.importorskip("llamafactory")
 
 REL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def pair_data(tmp_path_factory):
-    """Preference pairs over the shared alpaca demo file, read in place: the answer is chosen,
-    the instruction echoed back is rejected."""
-    if not lf_runs.SHARED_DEMO.exists():
-        pytest.skip("shared LLaMA-Factory demo data is absent")
-    data = tmp_path_factory.mktemp("pair_data")
-    (data / "dataset_info.json").write_text(json.dumps({"pairs": {
-        "file_name": str(lf_runs.SHARED_DEMO / "alpaca_en_demo.json"), "ranking": True,
-        "columns": {"prompt": "instruction", "query": "input", "chosen": "output", "rejected": "instruction"}}}))
-    return data
 
 
 def _yaml(model, data, out, **extra):

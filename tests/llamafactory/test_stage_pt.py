@@ -4,27 +4,14 @@ the fixed-batch run's model: the same optimizer steps, losses and eval loss."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from tests.helpers import lf_runs
 from tests.helpers.lf_runs import assert_trains_the_standard_model, base_yaml, ledger, train
 
 pytest.importorskip("llamafactory")
 
 REL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def pt_data(tmp_path_factory):
-    """Alpaca's answers as documents (the shared demo file, read in place)."""
-    if not lf_runs.SHARED_DEMO.exists():
-        pytest.skip("shared LLaMA-Factory demo data is absent")
-    data = tmp_path_factory.mktemp("pt_data")
-    (data / "dataset_info.json").write_text(json.dumps({"docs": {
-        "file_name": str(lf_runs.SHARED_DEMO / "alpaca_en_demo.json"), "columns": {"prompt": "output"}}}))
-    return data
 
 
 def _yaml(model, data, out, **extra):

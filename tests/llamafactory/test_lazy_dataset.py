@@ -1,0 +1,120 @@
+"""The lazy dataset of stages pt and dpo, in-process: each sample is the one LLaMA-Factory's own
+eager `datasets.map` builds, and the rows left out up front are exactly the rows upstream's
+processors drop."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+pytest.importorskip("llamafactory")
+
+from tests.helpers.lf_runs import base_yaml  # noqa: E402
+
+# stage (as the recipe names it) -> LLaMA-Factory's data stage
+DATA_STAGES = {"sft": "sft", "pt": "pt", "dpo": "rm"}
+
+
+@pytest.fixture(scope="module")
+def lf():
+    import llamafactory.train.tuner  # noqa: F401  (the import hook applies the patches here)
+    import odb_factory_patches
+    odb_factory_patches.apply()
+    from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
+    from llamafactory.data import loader
+    from llamafactory.hparams import get_train_args
+    from llamafactory.model import load_tokenizer
+    return get_train_args, load_tokenizer, get_template_and_fix_tokenizer, get_dataset, loader
+
+
+def _config(stage, model, data, out):
+    dataset = {"sft": "alpaca", "pt": "docs", "dpo": "pairs"}[stage]
+    return base_yaml(model, data, out, stage=stage, dataset=dataset, template="qwen3_nothink", cutoff_len=96,
+                     max_samples=40, odb_enable=True, **({"pref_beta": 0.1} if stage == "dpo" else {}))
+
+
+@pytest.fixture(scope="module")
+def stage_data(tmp_path_factory, pt_data, pair_data):
+    """One dataset_dir holding the demo file as instructions (sft), documents (pt) and pairs (dpo)."""
+    import json
+    info = json.loads((pt_data / "dataset_info.json").read_text())
+    info.update(json.loads((pair_data / "dataset_info.json").read_text()))
+    info["alpaca"] = {"file_name": info["docs"]["file_name"]}
+    data = tmp_path_factory.mktemp("stage_data")
+    (data / "dataset_info.json").write_text(json.dumps(info))
+    return data
+
+
+def _lazy_and_eager(lf, config, data_stage):
+    get_train_args, load_tokenizer, get_template, get_dataset, _ = lf
+    from odb_factory.llamafactory.run import attach
+    model_args, data_args, training_args, _, _ = get_train_args(config)
+    tokenizer_module = load_tokenizer(model_args)
+    template = get_template(tokenizer_module["tokenizer"], data_args)
+    lazy = get_dataset(template, model_args, data_args, training_args, data_stage, **tokenizer_module)["train_dataset"]
+    attach(None, data_args)  # the same run without ODB: upstream's eager datasets.map
+    eager = get_dataset(template, model_args, data_args, training_args, data_stage, **tokenizer_module)["train_dataset"]
+    return lazy, eager
+
+
+@pytest.mark.parametrize("stage", ["pt", "dpo"])
+def test_lazy_samples_are_upstreams_eager_samples(lf, tmp_path, text_model, stage_data, stage):
+    from odb_factory.llamafactory.lazy_dataset import LazySupervisedDataset
+    lazy, eager = _lazy_and_eager(lf, _config(stage, text_model, stage_data, tmp_path / "o"), DATA_STAGES[stage])
+    assert isinstance(lazy, LazySupervisedDataset)
+    assert lazy.pairwise == (stage == "dpo")
+    assert len(lazy) == len(eager) > 0
+    keys = {"pt": ["input_ids", "attention_mask"],
+            "dpo": ["chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels"]}[stage]
+    truncated = 0
+    for i in range(len(eager)):
+        sample = lazy[i]
+        assert {k: sample[k] for k in keys} == {k: eager[i][k] for k in keys}, i
+        assert lazy.dataset_row(i) == i   # the demo file has no malformed row
+        truncated += len(sample[keys[0]]) == 96
+    assert truncated, "no sample reached cutoff_len: the text-only truncation path was not taken"
+
+
+def _converted_row(prompt_turns, responses, content="hello there"):
+    roles = ["user", "assistant"]
+    return {"_prompt": [{"role": roles[t % 2], "content": content} for t in range(prompt_turns)],
+            "_response": [{"role": "assistant", "content": f"answer {r}"} for r in range(responses)],
+            "_system": "", "_tools": "", "_images": None, "_videos": None, "_audios": None}
+
+
+@pytest.mark.parametrize("stage", ["sft", "dpo"])
+def test_rows_left_out_up_front_are_the_rows_upstream_drops(lf, tmp_path, text_model, stage_data, stage):
+    """Every shape of converted row (0–4 prompt turns, 0–3 responses): `trainable_row` keeps a
+    row exactly when LLaMA-Factory's processor of the data stage makes a sample of it."""
+    get_train_args, load_tokenizer, get_template, _, loader = lf
+    from odb_factory.llamafactory.lazy_dataset import trainable_row
+    model_args, data_args, _, _, _ = get_train_args(_config(stage, text_model, stage_data, tmp_path / "o"))
+    tokenizer_module = load_tokenizer(model_args)
+    template = get_template(tokenizer_module["tokenizer"], data_args)
+    processor = loader._get_dataset_processor(data_args, DATA_STAGES[stage], template, **tokenizer_module)
+    kept = 0
+    for turns, responses in itertools.product(range(5), range(4)):
+        row = _converted_row(turns, responses)
+        if turns == 0 and responses == 0:
+            continue   # nothing to template: upstream's converter never yields it
+        made = processor.preprocess_dataset({k: [v] for k, v in row.items()})
+        upstream = bool(next(iter(made.values()), None))
+        assert trainable_row(row["_prompt"], row["_response"], DATA_STAGES[stage]) == upstream, (turns, responses)
+        kept += upstream
+    assert kept == (2 if stage == "sft" else 4)   # 1 or 3 prompt turns; one response (sft), two or three (dpo)
+
+
+def test_a_document_is_its_first_prompt_turns_text():
+    from odb_factory.llamafactory.lazy_dataset import trainable_row
+    doc = [{"role": "user", "content": "some text"}]
+    assert trainable_row(doc, [], "pt")
+    assert trainable_row(doc + [{"role": "assistant", "content": ""}], [], "pt")  # what follows is not read
+    assert not trainable_row([], [], "pt")
+    assert not trainable_row([{"role": "user", "content": ""}], [], "pt")
+    assert not trainable_row([{"role": "user"}], [], "pt")
+    # the same rows under the other data stages: sft wants one response, rm (dpo) two
+    assert not trainable_row(doc, [], "sft")
+    assert trainable_row(doc, [{"content": "a"}], "sft")
+    assert not trainable_row(doc, [{"content": "a"}], "rm")
+    assert trainable_row(doc, [{"content": "a"}, {"content": "b"}], "rm")
