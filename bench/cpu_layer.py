@@ -204,9 +204,13 @@ def optimizer_steps(method: str, out: Path, steps: int) -> List[dict]:
 
 
 def fit_coefficients(steps: List[dict]) -> np.ndarray:
-    """The step model's COLUMNS coefficients (NNLS, each >= 0) fitted to optimizer steps."""
-    return scaled_nnls(np.array([[s[k] for k in COLUMNS] for s in steps], dtype=float),
-                       np.array([s["time_s"] for s in steps]))
+    """The step model's COLUMNS coefficients (NNLS, each >= 0) fitted to optimizer steps, on
+    each step's relative error: a step of long rows (seconds more) does not outweigh one of short
+    rows, so runs of several data sets fit a model that prices each of them, and the fixed cost
+    per micro-batch that short rows show is not traded away for the long rows' tokens."""
+    x = np.array([[s[k] for k in COLUMNS] for s in steps], dtype=float)
+    seconds = np.array([s["time_s"] for s in steps], dtype=float)
+    return scaled_nnls(x / seconds[:, None], np.ones_like(seconds))
 
 
 def step_model_json(coef: np.ndarray, ranks: int, runs: List[str]) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 
+import numpy as np
 import pytest
 
 from bench import cpu_layer
@@ -46,6 +47,28 @@ def test_the_batched_peers_train_a_step_as_one_micro_batch(tmp_path, monkeypatch
     odb = cpu_layer.config("odb_groups", tmp_path, 128, 40, 8, tmp_path / "out", dataset="cv1_mean128_qwen_vocab")
     assert (odb["per_device_train_batch_size"], odb["gradient_accumulation_steps"]) == (1, 8)
     assert odb["odb_step"] == "groups" and odb["dataset"] == "cv1_mean128_qwen_vocab"
+
+
+def test_the_fit_prices_short_rows_beside_long_ones():
+    """Steps of two data sets that the model's form fits only approximately: a few of short
+    rows (8 micro-batches of ~50 tokens, a fixed cost per micro-batch) and many of long rows
+    whose cost per token grows a little with the step. Fitted on relative error, the fixed
+    cost is found and the short steps are priced within 1%; a least-squares fit on seconds
+    spends everything on the long rows' tokens (no fixed cost) and misprices them by 5%."""
+    steps = []
+    for i in range(4):
+        tokens = 400 + 20 * i
+        steps.append({"micro_batches": 8, "tokens": tokens, "sum_sq": tokens * 50, "logit_tokens": tokens,
+                      "time_s": 0.3 * 8 + 2e-3 * tokens})
+    for i in range(24):
+        tokens = 6000 + 150 * i
+        steps.append({"micro_batches": 1 + i % 3, "tokens": tokens, "sum_sq": tokens * 500, "logit_tokens": tokens,
+                      "time_s": 1e-2 * tokens * (1 + 1e-5 * tokens)})
+    coef = cpu_layer.fit_coefficients(steps)
+    priced = [float(np.dot(coef, [s[k] for k in cpu_layer.COLUMNS])) / s["time_s"] - 1 for s in steps]
+    assert coef[0] == pytest.approx(0.3, rel=0.1)
+    assert max(abs(e) for e in priced[:4]) < 0.01
+    assert max(abs(e) for e in priced[4:]) < 0.02
 
 
 def test_a_fit_written_for_the_dry_run_reads_back_and_recovers_its_coefficients(tmp_path):
