@@ -2,9 +2,10 @@
 
 `python -m bench.cpu_layer --fit-out PATH` fits the step model's form (a fixed cost per
 micro-batch, a cost per token, per token² of attention as the run computes it, and per position
-whose logits are computed) to the optimizer steps of real runs, and writes the coefficients as
-JSON; `python -m odb_factory.dry_run RECIPE --step-model PATH` prices a recipe's batches with
-them. The runs' ranks share one machine, so the coefficients hold for that many ranks only.
+whose logits are computed) to the optimizer steps of real runs, on each step's relative error,
+and writes the coefficients as JSON; `python -m odb_factory.dry_run RECIPE --step-model PATH`
+prices a recipe's batches with them. The runs' ranks share one machine, so the coefficients hold
+for that many ranks only.
 """
 
 from __future__ import annotations

@@ -90,3 +90,31 @@ def test_a_rows_bound_sums_its_text_bytes_template_and_media():
         6 + 7 + 2 + 16 * 2 + 64 + 1000]
     only_text = {"_prompt": [[{"content": "four"}]], "_response": [[{"content": "five5"}]]}
     assert token_upper_bounds(only_text, bounds) == [4 + 5 + 16 * 3 + 64]
+
+
+def test_each_limit_the_run_sets_moves_its_bound():
+    """The run's limits on the processor, each away from LLaMA-Factory's default, move the bound
+    they limit: the larger of an image's max and min pixels, a video frame's, the frame count."""
+    base = dict(image_processor=_image_processor(), image_max_pixels=65536, image_min_pixels=1024,
+                video_max_pixels=65536, video_min_pixels=256, video_maxlen=4)
+    bounds = vision_token_bounds(SimpleNamespace(**base))
+    for key, value, moved in (("image_min_pixels", 262144, "per_image"), ("video_max_pixels", 262144, "per_video"),
+                              ("video_min_pixels", 262144, "per_video"), ("video_maxlen", 8, "per_video")):
+        changed = vision_token_bounds(SimpleNamespace(**dict(base, **{key: value})))
+        assert getattr(changed, moved) > getattr(bounds, moved), key
+        assert changed._replace(**{moved: getattr(bounds, moved)}) == bounds, key
+
+
+def test_the_processors_own_minimum_is_read_in_either_transformers_layout():
+    """transformers 4.x keeps an image processor's minimum in `min_pixels`, 5.x in
+    `size.shortest_edge` (a dict or a SizeDict): a minimum above the run's limit raises the
+    bound alike in each."""
+    def bound(**image_processor):
+        return vision_token_bounds(SimpleNamespace(
+            image_processor=SimpleNamespace(patch_size=16, merge_size=2, **image_processor),
+            image_max_pixels=65536)).per_image
+    plain = bound()
+    high = 1024 * 1024
+    assert bound(min_pixels=high) == bound(size={"shortest_edge": high}) \
+        == bound(size=SimpleNamespace(shortest_edge=high)) > plain
+    assert bound(size={"longest_edge": high}) == bound(size=SimpleNamespace(longest_edge=high)) == plain

@@ -432,3 +432,62 @@ def test_which_training_batches_compute_the_supervised_logits_only():
     assert keeps(samples, loss=None) and not keeps(groups, loss=None)
     assert not keeps(samples, enabled=False) and not keeps(groups, enabled=False)
     assert not keeps({"odb_sample_weights": 1}) and not keeps({})
+
+
+def _image_rows(data, n, system="", tools=""):
+    """`n` sharegpt rows of a short question about a small image, with `system` and `tools`."""
+    from PIL import Image
+    data.mkdir(exist_ok=True)
+    rows = []
+    for i in range(n):
+        Image.new("RGB", (64, 64), (40 * i % 255, 90, 200)).save(data / f"small{i}.png")
+        rows.append({"messages": [{"role": "user", "content": "<image>Colour?"},
+                                  {"role": "assistant", "content": "Blue."}],
+                     "images": [f"small{i}.png"], "system": system if i % 2 else "", "tools": tools if i % 2 else ""})
+    (data / "rows.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps({"rows": {
+        "file_name": "rows.json", "formatting": "sharegpt",
+        "columns": {"messages": "messages", "images": "images", "system": "system", "tools": "tools"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+
+
+@pytest.mark.parametrize("column", ["system", "tools"])
+def test_a_rows_system_prompt_and_tools_count_toward_its_bound(lf, tmp_path, tiny_model, monkeypatch, column):
+    """Rows alike but for a 400-byte system prompt or a tool's description on every second row, and
+    cutoff_len just above the bound of a row without it: exactly the rows with it are run
+    through the pipeline."""
+    from odb_factory.llamafactory import cutoff_preflight
+    data = tmp_path / "rows"
+    tool = {"name": "colour_of", "description": "The colour of an image. " * 12,
+            "parameters": {"type": "object", "properties": {"image": {"type": "string"}}}}
+    _image_rows(data, 6, **{column: "x" * 400 if column == "system" else json.dumps([tool])})
+    config = base_yaml(tiny_model, data, tmp_path / "out", odb_enable=True, dataset="rows", media_dir=str(data))
+    with monkeypatch.context() as patch:  # the lazy dataset only
+        patch.setattr(cutoff_preflight, "check_cutoff", lambda lazy: None)
+        lazy, _ = _datasets(lf, config)
+    bounds = cutoff_preflight.vision_token_bounds(lazy.processor.processor)
+    plain = cutoff_preflight.token_upper_bounds(lazy.converted.to_dict(), bounds)[0]
+    lazy.processor.data_args.cutoff_len = plain + 1
+    report = cutoff_preflight.find_cut_rows(lazy, threads=1)
+    assert report.candidates == 3
+    # the pipeline decides which of those it cuts (a tool list is templated at length)
+    assert {message.split(":")[0] for message in report.cut} <= {f"training row {i}" for i in (1, 3, 5)}
+
+
+def test_the_cutoff_error_lists_five_rows_and_counts_the_rest(lf, tmp_path, tiny_model):
+    from odb_factory.llamafactory.lazy_dataset import TruncatedVisionTokensError
+    data = tmp_path / "rows"
+    _image_rows(data, 7)
+    config = base_yaml(tiny_model, data, tmp_path / "out", odb_enable=True, dataset="rows", media_dir=str(data),
+                       cutoff_len=6)   # the answer keeps 4 tokens, the prompt 2: no image token
+    with pytest.raises(TruncatedVisionTokensError) as caught:
+        _datasets(lf, config)
+    lines = str(caught.value).splitlines()
+    assert lines[0] == ("7 training row(s) would lose image/video/audio tokens to cutoff_len=6 (found before "
+                        "training; 7 of 7 rows could reach it and were run through the pipeline):")
+    assert [line.split(":")[0] for line in lines[1:6]] == [f"  training row {i}" for i in range(5)]
+    assert all(line.startswith(f"  training row {i}: cutoff_len=6 cuts into its image tokens (kept ")
+               and line.endswith(", and the model cannot train on a partial image") for i, line in enumerate(lines[1:6]))
+    assert lines[6:] == ["  ... and 2 more",
+                         "Raise cutoff_len, lower image_max_pixels/video_max_pixels, shorten the audio, or remove "
+                         "the rows; the run would otherwise fail when it reached them."]
