@@ -30,3 +30,19 @@ def test_multi_process_command_is_the_clis_torchrun_command():
 def test_one_process_runs_the_launcher_in_this_interpreter():
     import llamafactory.launcher as cli_launcher
     assert launch.train_command(["run.yaml"]) == [sys.executable, cli_launcher.__file__, "run.yaml"]
+
+
+def test_the_launcher_is_found_or_its_absence_named(monkeypatch):
+    import importlib.util
+    from types import SimpleNamespace
+    found = importlib.util.find_spec
+    message = r"^LLaMA-Factory is not installed: pip install 'odb-factory\[llamafactory\]'$"
+    for spec in (None, SimpleNamespace(origin=None)):   # not installed; a namespace package of that name
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, spec=spec: spec if name == "llamafactory"
+                            else found(name))
+        with pytest.raises(ImportError, match=message):
+            launch.launcher_path()
+
+
+def test_the_rendezvous_port_is_one_the_kernel_chose():
+    assert all(1024 <= launch._free_port() < 65536 for _ in range(3))

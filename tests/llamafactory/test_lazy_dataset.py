@@ -5,6 +5,7 @@ processors drop."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -37,7 +38,6 @@ def _config(stage, model, data, out):
 @pytest.fixture(scope="module")
 def stage_data(tmp_path_factory, pt_data, pair_data):
     """One dataset_dir holding the demo file as instructions (sft), documents (pt) and pairs (dpo)."""
-    import json
     info = json.loads((pt_data / "dataset_info.json").read_text())
     info.update(json.loads((pair_data / "dataset_info.json").read_text()))
     info["alpaca"] = {"file_name": info["docs"]["file_name"]}
@@ -118,3 +118,51 @@ def test_a_document_is_its_first_prompt_turns_text():
     assert trainable_row(doc, [{"content": "a"}], "sft")
     assert not trainable_row(doc, [{"content": "a"}], "rm")
     assert trainable_row(doc, [{"content": "a"}, {"content": "b"}], "rm")
+
+
+def test_image_pairs_cut_by_cutoff_len_are_named_by_row(lf, tmp_path, tiny_model):
+    """Stage dpo on image rows: each side of a pair is checked for the image tokens cutoff_len
+    cut, and the error names the row."""
+    from PIL import Image
+
+    from odb_factory.llamafactory.lazy_dataset import TruncatedVisionTokensError
+    data = tmp_path / "pairs"
+    data.mkdir()
+    rows = []
+    for i in range(3):
+        Image.new("RGB", (64, 64), (60 * i, 90, 200)).save(data / f"img{i}.png")
+        rows.append({"conversations": [{"from": "human", "value": "<image>Colour?"}],
+                     "chosen": {"from": "gpt", "value": "Blue."}, "rejected": {"from": "gpt", "value": "Red."},
+                     "images": [f"img{i}.png"]})
+    (data / "pairs.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps({"image_pairs": {
+        "file_name": "pairs.json", "formatting": "sharegpt", "ranking": True,
+        "columns": {"messages": "conversations", "chosen": "chosen", "rejected": "rejected", "images": "images"}}}))
+    config = base_yaml(tiny_model, data, tmp_path / "o", stage="dpo", dataset="image_pairs", media_dir=str(data),
+                       odb_enable=True, pref_beta=0.1, cutoff_len=6)   # no room for a whole image
+    with pytest.raises(TruncatedVisionTokensError) as caught:
+        _lazy_and_eager(lf, config, "rm")
+    lines = str(caught.value).splitlines()
+    assert [line.split(": cutoff_len=6 cuts into its image tokens (kept ")[0] for line in lines[1:4]] == \
+        [f"  training row {i}" for i in range(3)]
+
+
+class _DroppingProcessor:
+    """A dataset processor that makes no sample of a row (as a later LLaMA-Factory might, for a
+    reason `trainable_row` does not know)."""
+
+    def preprocess_dataset(self, batch):
+        return {"input_ids": [], "labels": []}
+
+
+def test_a_row_the_processor_drops_after_all_is_named():
+    import datasets
+
+    from odb_factory.llamafactory.lazy_dataset import LazySupervisedDataset
+    converted = datasets.Dataset.from_list([_converted_row(1, 1), _converted_row(2, 1), _converted_row(1, 1)])
+    lazy = LazySupervisedDataset(converted, _DroppingProcessor(), "sft")
+    assert lazy.rows == [0, 2] and not lazy.pairwise
+    with pytest.raises(ValueError, match=r"^LLaMA-Factory's preprocessing dropped training row 2$"):
+        lazy[1]
+    with pytest.raises(ValueError, match=r"lacks columns \['_response'\]; is it an SFT dataset\?"):
+        LazySupervisedDataset(converted.remove_columns("_response"), _DroppingProcessor())
