@@ -203,13 +203,16 @@ def optimizer_steps(method: str, out: Path, steps: int) -> List[dict]:
             for step in zip(*merged)]
 
 
-def fit_coefficients(steps: List[dict]) -> np.ndarray:
+def fit_coefficients(steps: List[dict], relative: bool = True) -> np.ndarray:
     """The step model's COLUMNS coefficients (NNLS, each >= 0) fitted to optimizer steps, on
     each step's relative error: a step of long rows (seconds more) does not outweigh one of short
     rows, so runs of several data sets fit a model that prices each of them, and the fixed cost
-    per micro-batch that short rows show is not traded away for the long rows' tokens."""
+    per micro-batch that short rows show is not traded away for the long rows' tokens.
+    `relative=False`: on the steps' seconds (the fit before 2026-12-07's third plan check)."""
     x = np.array([[s[k] for k in COLUMNS] for s in steps], dtype=float)
     seconds = np.array([s["time_s"] for s in steps], dtype=float)
+    if not relative:
+        return scaled_nnls(x, seconds)
     return scaled_nnls(x / seconds[:, None], np.ones_like(seconds))
 
 

@@ -76,9 +76,11 @@ def planned_speedup(config: dict, step_model: Optional[Path], work: Path) -> Dic
             "supervised_logits": plan["speedup"]["supervised_logits"].get(mode)}
 
 
-def check(names: List[str], out: Optional[Path], skip: Set[Tuple[str, str]] = frozenset()) -> List[Dict[str, object]]:
+def check(names: List[str], out: Optional[Path], skip: Set[Tuple[str, str]] = frozenset(),
+          relative: bool = True) -> List[Dict[str, object]]:
     """`skip`: (invocation, method) pairs not predicted (runs of code that has changed since;
-    their steps still enter the fits of other cells, as the work they measured)."""
+    their steps still enter the fits of other cells, as the work they measured). `relative`:
+    the fit's error measure (`bench.cpu_layer.fit_coefficients`)."""
     runs = [invocation(n) for n in names]
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -88,7 +90,7 @@ def check(names: List[str], out: Optional[Path], skip: Set[Tuple[str, str]] = fr
             if not others:
                 raise SystemExit(f"{target['name']}: no invocation of another cell to fit the step model on")
             steps = [s for r in others for s in all_steps(r["root"], r["rows"])]
-            fitted = step_model_json(fit_coefficients(steps), RANKS, [r["name"] for r in others])
+            fitted = step_model_json(fit_coefficients(steps, relative), RANKS, [r["name"] for r in others])
             model = (out or work) / f"{target['name']}.step_model.json"
             model.write_text(json.dumps(fitted, indent=1) + "\n")
             for (cell, method), config in sorted(target["recipes"].items()):
@@ -116,13 +118,15 @@ def main(argv=None) -> List[Dict[str, object]]:
     p.add_argument("--runs", required=True, help="comma-separated invocation names under .cache/bench_cpu_layer/")
     p.add_argument("--skip", default="", help="comma-separated INVOCATION:METHOD runs not to predict "
                                               "(measured before a change to what they run)")
+    p.add_argument("--fit-on", choices=("relative", "seconds"), default="relative",
+                   help="the step model's fit: on each step's relative error (the default) or on its seconds")
     p.add_argument("--out", default=None, help="also write the table (plan_check.md, .json) and the fitted models here")
     a = p.parse_args(argv)
     out = Path(a.out) if a.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
     skip = {tuple(item.split(":", 1)) for item in a.skip.split(",") if item}
-    lines = check(a.runs.split(","), out, skip)
+    lines = check(a.runs.split(","), out, skip, relative=a.fit_on == "relative")
     inside = sum(line.pop("within") for line in lines)
     table = md_table(lines, [(k, k) for k in lines[0]])
     summary = f"{inside} of {len(lines)} predictions within ±{TOLERANCE:.0%} of the measured median ratio"

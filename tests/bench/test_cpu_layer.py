@@ -69,6 +69,9 @@ def test_the_fit_prices_short_rows_beside_long_ones():
     assert coef[0] == pytest.approx(0.3, rel=0.1)
     assert max(abs(e) for e in priced[:4]) < 0.01
     assert max(abs(e) for e in priced[4:]) < 0.02
+    on_seconds = cpu_layer.fit_coefficients(steps, relative=False)
+    assert on_seconds[0] == 0.0 and float(np.dot(on_seconds, [steps[0][k] for k in cpu_layer.COLUMNS])) \
+        < 0.95 * steps[0]["time_s"]
 
 
 def test_a_fit_written_for_the_dry_run_reads_back_and_recovers_its_coefficients(tmp_path):
