@@ -466,10 +466,12 @@ def test_a_rows_system_prompt_and_tools_count_toward_its_bound(lf, tmp_path, tin
         patch.setattr(cutoff_preflight, "check_cutoff", lambda lazy: None)
         lazy, _ = _datasets(lf, config)
     bounds = cutoff_preflight.vision_token_bounds(lazy.processor.processor)
-    plain = cutoff_preflight.token_upper_bounds(lazy.converted.to_dict(), bounds)[0]
+    plain, longer = cutoff_preflight.token_upper_bounds(lazy.converted.to_dict(), bounds)[:2]
     lazy.processor.data_args.cutoff_len = plain + 1
     report = cutoff_preflight.find_cut_rows(lazy, threads=1)
     assert report.candidates == 3
+    lazy.processor.data_args.cutoff_len = longer   # a bound that reaches cutoff_len exactly counts
+    assert cutoff_preflight.find_cut_rows(lazy, threads=1).candidates == 3
     # the pipeline decides which of those it cuts (a tool list is templated at length)
     assert {message.split(":")[0] for message in report.cut} <= {f"training row {i}" for i in (1, 3, 5)}
 
@@ -491,3 +493,34 @@ def test_the_cutoff_error_lists_five_rows_and_counts_the_rest(lf, tmp_path, tiny
     assert lines[6:] == ["  ... and 2 more",
                          "Raise cutoff_len, lower image_max_pixels/video_max_pixels, shorten the audio, or remove "
                          "the rows; the run would otherwise fail when it reached them."]
+
+
+def test_video_rows_cutoff_len_would_cut_are_found_before_training(lf, tmp_path, tiny_model):
+    """A row whose only media is a video (a list of frame files) is a candidate, and the
+    pipeline names the video tokens cutoff_len cuts."""
+    from PIL import Image
+
+    from odb_factory.llamafactory.lazy_dataset import TruncatedVisionTokensError
+    data = tmp_path / "videos"
+    data.mkdir()
+    rows = []
+    for i in range(2):
+        frames = []
+        for f in range(4):
+            Image.new("RGB", (64, 64), (60 * f, 30 * i, 200)).save(data / f"v{i}_{f}.png")
+            frames.append(f"v{i}_{f}.png")
+        rows.append({"messages": [{"role": "user", "content": "<video>What moves?"},
+                                  {"role": "assistant", "content": "A square."}], "videos": [frames]})
+    (data / "rows.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps({"rows": {
+        "file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "videos": "videos"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    config = base_yaml(tiny_model, data, tmp_path / "out", odb_enable=True, dataset="rows", media_dir=str(data),
+                       cutoff_len=8)
+    with pytest.raises(TruncatedVisionTokensError) as caught:
+        _datasets(lf, config)
+    lines = str(caught.value).splitlines()
+    assert lines[0].startswith("2 training row(s) would lose image/video/audio tokens to cutoff_len=8 (found "
+                               "before training; 2 of 2 rows could reach it"), lines
+    assert [line.split(" (kept ")[0] for line in lines[1:3]] == [
+        f"  training row {i}: cutoff_len=8 cuts into its video tokens" for i in range(2)]
