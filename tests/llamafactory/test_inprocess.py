@@ -495,7 +495,7 @@ def test_the_cutoff_error_lists_five_rows_and_counts_the_rest(lf, tmp_path, tiny
                          "the rows; the run would otherwise fail when it reached them."]
 
 
-def test_video_rows_cutoff_len_would_cut_are_found_before_training(lf, tmp_path, tiny_model):
+def test_video_rows_cutoff_len_would_cut_are_found_before_training(lf, tmp_path, tiny_model, monkeypatch):
     """A row whose only media is a video (a list of frame files) is a candidate, and the
     pipeline names the video tokens cutoff_len cuts."""
     from PIL import Image
@@ -524,3 +524,39 @@ def test_video_rows_cutoff_len_would_cut_are_found_before_training(lf, tmp_path,
                                "before training; 2 of 2 rows could reach it"), lines
     assert [line.split(" (kept ")[0] for line in lines[1:3]] == [
         f"  training row {i}: cutoff_len=8 cuts into its video tokens" for i in range(2)]
+    _assert_the_row_names_its_remedy(lf, config, monkeypatch, 0, "video", "lower video_max_pixels")
+
+
+def _assert_the_row_names_its_remedy(lf, config, monkeypatch, row, what, remedy):
+    """The lazy check's own message for training row `row` (the pre-flight off), which says
+    what to change. (The data loader prints the first sample: that is where a cut row 0 fails.)"""
+    from odb_factory.llamafactory import cutoff_preflight
+    from odb_factory.llamafactory.lazy_dataset import TruncatedVisionTokensError
+    with monkeypatch.context() as patch, pytest.raises(TruncatedVisionTokensError) as caught:
+        patch.setattr(cutoff_preflight, "check_cutoff", lambda lazy: None)
+        lazy, _ = _datasets(lf, config)
+        lazy[lazy.rows.index(row)]
+    message = str(caught.value)
+    assert message.startswith(f"training row {row}: cutoff_len={config['cutoff_len']} cuts into its {what} tokens "
+                              "(kept ")
+    assert message.endswith(f"and the model cannot train on a partial {what}. Raise cutoff_len, {remedy}, "
+                            "or remove the row."), message
+
+
+def test_audio_rows_cutoff_len_would_cut_are_found_before_training(lf, tmp_path, monkeypatch):
+    """The tiny Qwen2.5-Omni thinker on generated clips: rows whose audio tokens cutoff_len cuts
+    are found before training, and each row's message says to shorten its audio."""
+    pytest.importorskip("soundfile")
+    from odb_factory.demo.audio_data import write_audio_demo
+    from odb_factory.demo.tiny_omni import build_tiny_qwen25omni
+    from odb_factory.llamafactory.lazy_dataset import TruncatedVisionTokensError
+    model = build_tiny_qwen25omni(tmp_path / "tiny_omni", seed=0)
+    data = write_audio_demo(tmp_path / "data", image_dir=None, seed=0)
+    config = base_yaml(model, data, tmp_path / "out", template="qwen2_omni", dataset="omni_demo", odb_enable=True,
+                       cutoff_len=256)
+    with pytest.raises(TruncatedVisionTokensError) as caught:
+        _datasets(lf, config)
+    first = str(caught.value).splitlines()[1]   # "  training row N: cutoff_len=256 cuts into its audio tokens ..."
+    assert ": cutoff_len=256 cuts into its audio tokens (kept " in first, first
+    row = int(first.split(":")[0].split()[-1])
+    _assert_the_row_names_its_remedy(lf, config, monkeypatch, row, "audio", "shorten its audio")
