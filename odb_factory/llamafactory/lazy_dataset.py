@@ -46,7 +46,7 @@ class LazySupervisedDataset:
     cheap format columns only.
     """
 
-    def __init__(self, converted: Any, processor: Any, stage: str = "sft"):
+    def __init__(self, converted: Any, processor: Any, stage: str):
         missing = [c for c in REQUIRED_COLUMNS if c not in converted.column_names]
         if missing:
             raise ValueError(f"the converted dataset lacks columns {missing}; is it an SFT dataset?")

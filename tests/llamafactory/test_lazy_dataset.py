@@ -149,10 +149,13 @@ def test_image_pairs_cut_by_cutoff_len_are_named_by_row(lf, tmp_path, tiny_model
 
 class _DroppingProcessor:
     """A dataset processor that makes no sample of a row (as a later LLaMA-Factory might, for a
-    reason `trainable_row` does not know)."""
+    reason `trainable_row` does not know): empty columns, or none at all."""
+
+    def __init__(self, out):
+        self.out = out
 
     def preprocess_dataset(self, batch):
-        return {"input_ids": [], "labels": []}
+        return self.out
 
 
 def test_a_row_the_processor_drops_after_all_is_named():
@@ -160,9 +163,10 @@ def test_a_row_the_processor_drops_after_all_is_named():
 
     from odb_factory.llamafactory.lazy_dataset import LazySupervisedDataset
     converted = datasets.Dataset.from_list([_converted_row(1, 1), _converted_row(2, 1), _converted_row(1, 1)])
-    lazy = LazySupervisedDataset(converted, _DroppingProcessor(), "sft")
-    assert lazy.rows == [0, 2] and not lazy.pairwise
-    with pytest.raises(ValueError, match=r"^LLaMA-Factory's preprocessing dropped training row 2$"):
-        lazy[1]
+    for out in ({"input_ids": [], "labels": []}, {}):
+        lazy = LazySupervisedDataset(converted, _DroppingProcessor(out), "sft")
+        assert lazy.rows == [0, 2] and not lazy.pairwise and lazy.column_names == converted.column_names
+        with pytest.raises(ValueError, match=r"^LLaMA-Factory's preprocessing dropped training row 2$"):
+            lazy[1]
     with pytest.raises(ValueError, match=r"lacks columns \['_response'\]; is it an SFT dataset\?"):
-        LazySupervisedDataset(converted.remove_columns("_response"), _DroppingProcessor())
+        LazySupervisedDataset(converted.remove_columns("_response"), _DroppingProcessor({}), "sft")

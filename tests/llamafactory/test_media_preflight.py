@@ -70,6 +70,10 @@ def test_every_media_column_is_checked_and_problems_come_in_row_order(tmp_path):
                         MediaProblem(2, "video", str(tmp_path / "f.jpg"), "does not exist")]
     assert media_problems(converted, [0], threads=1)[0] == problems[:1]   # only the rows asked for
     assert media_problems(Dataset.from_dict({"_images": [[str(good)]]}), [0]) == ([], 1)
+    # converted rows that are not a datasets.Dataset: read column by column
+    plain = {"_videos": converted["_videos"], "_audios": converted["_audios"]}
+    assert media_problems(type("Columns", (dict,), {"column_names": list(plain)})(plain), [2, 0, 1],
+                          threads=1) == (problems, 4)
 
 
 def test_the_error_names_the_first_rows_and_counts_the_rest(tmp_path):
