@@ -476,23 +476,24 @@ def test_a_rows_system_prompt_and_tools_count_toward_its_bound(lf, tmp_path, tin
     assert {message.split(":")[0] for message in report.cut} <= {f"training row {i}" for i in (1, 3, 5)}
 
 
-def test_the_cutoff_error_lists_five_rows_and_counts_the_rest(lf, tmp_path, tiny_model):
+@pytest.mark.parametrize("rows", [5, 7])
+def test_the_cutoff_error_lists_five_rows_and_counts_the_rest(lf, tmp_path, tiny_model, rows):
     from odb_factory.llamafactory.lazy_dataset import TruncatedVisionTokensError
     data = tmp_path / "rows"
-    _image_rows(data, 7)
+    _image_rows(data, rows)
     config = base_yaml(tiny_model, data, tmp_path / "out", odb_enable=True, dataset="rows", media_dir=str(data),
                        cutoff_len=6)   # the answer keeps 4 tokens, the prompt 2: no image token
     with pytest.raises(TruncatedVisionTokensError) as caught:
         _datasets(lf, config)
     lines = str(caught.value).splitlines()
-    assert lines[0] == ("7 training row(s) would lose image/video/audio tokens to cutoff_len=6 (found before "
-                        "training; 7 of 7 rows could reach it and were run through the pipeline):")
+    assert lines[0] == (f"{rows} training row(s) would lose image/video/audio tokens to cutoff_len=6 (found before "
+                        f"training; {rows} of {rows} rows could reach it and were run through the pipeline):")
     assert [line.split(":")[0] for line in lines[1:6]] == [f"  training row {i}" for i in range(5)]
     assert all(line.startswith(f"  training row {i}: cutoff_len=6 cuts into its image tokens (kept ")
                and line.endswith(", and the model cannot train on a partial image") for i, line in enumerate(lines[1:6]))
-    assert lines[6:] == ["  ... and 2 more",
-                         "Raise cutoff_len, lower image_max_pixels/video_max_pixels, shorten the audio, or remove "
-                         "the rows; the run would otherwise fail when it reached them."]
+    assert lines[6:] == (["  ... and 2 more"] if rows > 5 else []) + [
+        "Raise cutoff_len, lower image_max_pixels/video_max_pixels, shorten the audio, or remove "
+        "the rows; the run would otherwise fail when it reached them."]
 
 
 def test_video_rows_cutoff_len_would_cut_are_found_before_training(lf, tmp_path, tiny_model, monkeypatch):
