@@ -33,6 +33,21 @@ GROUPS_ODB = {"odb_enable": True, "odb_step": "groups", "odb_loss_scaling": "exa
               "odb_buffer_size": 32, "odb_collate_workers": 1}
 
 
+def lazy_and_eager(lf, config: dict, data_stage: str = "sft"):
+    """The training split of `config` for LLaMA-Factory's data stage `data_stage`, built twice in
+    this process: with ODB (the lazy dataset) and without it (upstream's eager datasets.map).
+    `lf`: the tests' fixture of LLaMA-Factory's patched entry points."""
+    from odb_factory.llamafactory.run import attach
+    get_train_args, load_tokenizer, get_template, get_dataset = lf
+    model_args, data_args, training_args, _, _ = get_train_args(config)
+    tokenizer_module = load_tokenizer(model_args)
+    template = get_template(tokenizer_module["tokenizer"], data_args)
+    lazy = get_dataset(template, model_args, data_args, training_args, data_stage, **tokenizer_module)["train_dataset"]
+    attach(None, data_args)  # the same run without ODB
+    eager = get_dataset(template, model_args, data_args, training_args, data_stage, **tokenizer_module)["train_dataset"]
+    return lazy, eager
+
+
 def env(**extra: str) -> Dict[str, str]:
     out = dict(os.environ)
     out.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",

@@ -1,5 +1,6 @@
-"""Data sets the stage tests share: the shared LLaMA-Factory demo file read in place as
-documents (stage pt) and as preference pairs (stage dpo)."""
+"""What the LLaMA-Factory tests share: LLaMA-Factory's entry points with the patches applied
+(`lf`), and the shared demo file read in place as documents (stage pt) and as preference pairs
+(stage dpo)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,19 @@ import json
 import pytest
 
 from tests.helpers import lf_runs
+
+
+@pytest.fixture(scope="module")
+def lf():
+    """(get_train_args, load_tokenizer, get_template_and_fix_tokenizer, get_dataset), patched."""
+    pytest.importorskip("llamafactory")
+    import llamafactory.train.tuner  # noqa: F401  (the import hook applies the patches here)
+    import odb_factory_patches
+    odb_factory_patches.apply()
+    from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
+    from llamafactory.hparams import get_train_args
+    from llamafactory.model import load_tokenizer
+    return get_train_args, load_tokenizer, get_template_and_fix_tokenizer, get_dataset
 
 
 @pytest.fixture(scope="session")

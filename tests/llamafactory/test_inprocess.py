@@ -13,27 +13,8 @@ from tests.helpers import lf_runs  # noqa: E402
 from tests.helpers.lf_runs import base_yaml  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def lf():
-    import llamafactory.train.tuner  # noqa: F401  (the import hook applies the patches here)
-    import odb_factory_patches
-    odb_factory_patches.apply()
-    from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
-    from llamafactory.hparams import get_train_args
-    from llamafactory.model import load_tokenizer
-    return get_train_args, load_tokenizer, get_template_and_fix_tokenizer, get_dataset
-
-
 def _datasets(lf, config):
-    get_train_args, load_tokenizer, get_template, get_dataset = lf
-    from odb_factory.llamafactory.run import attach
-    model_args, data_args, training_args, _, _ = get_train_args(config)
-    tokenizer_module = load_tokenizer(model_args)
-    template = get_template(tokenizer_module["tokenizer"], data_args)
-    lazy = get_dataset(template, model_args, data_args, training_args, "sft", **tokenizer_module)["train_dataset"]
-    attach(None, data_args)  # the same run without ODB: upstream's eager datasets.map
-    eager = get_dataset(template, model_args, data_args, training_args, "sft", **tokenizer_module)["train_dataset"]
-    return lazy, eager
+    return lf_runs.lazy_and_eager(lf, config)
 
 
 def _assert_identical(lazy, eager):

@@ -11,22 +11,10 @@ import pytest
 
 pytest.importorskip("llamafactory")
 
-from tests.helpers.lf_runs import base_yaml  # noqa: E402
+from tests.helpers.lf_runs import base_yaml, lazy_and_eager  # noqa: E402
 
 # stage (as the recipe names it) -> LLaMA-Factory's data stage
 DATA_STAGES = {"sft": "sft", "pt": "pt", "dpo": "rm"}
-
-
-@pytest.fixture(scope="module")
-def lf():
-    import llamafactory.train.tuner  # noqa: F401  (the import hook applies the patches here)
-    import odb_factory_patches
-    odb_factory_patches.apply()
-    from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
-    from llamafactory.data import loader
-    from llamafactory.hparams import get_train_args
-    from llamafactory.model import load_tokenizer
-    return get_train_args, load_tokenizer, get_template_and_fix_tokenizer, get_dataset, loader
 
 
 def _config(stage, model, data, out):
@@ -46,22 +34,10 @@ def stage_data(tmp_path_factory, pt_data, pair_data):
     return data
 
 
-def _lazy_and_eager(lf, config, data_stage):
-    get_train_args, load_tokenizer, get_template, get_dataset, _ = lf
-    from odb_factory.llamafactory.run import attach
-    model_args, data_args, training_args, _, _ = get_train_args(config)
-    tokenizer_module = load_tokenizer(model_args)
-    template = get_template(tokenizer_module["tokenizer"], data_args)
-    lazy = get_dataset(template, model_args, data_args, training_args, data_stage, **tokenizer_module)["train_dataset"]
-    attach(None, data_args)  # the same run without ODB: upstream's eager datasets.map
-    eager = get_dataset(template, model_args, data_args, training_args, data_stage, **tokenizer_module)["train_dataset"]
-    return lazy, eager
-
-
 @pytest.mark.parametrize("stage", ["pt", "dpo"])
 def test_lazy_samples_are_upstreams_eager_samples(lf, tmp_path, text_model, stage_data, stage):
     from odb_factory.llamafactory.lazy_dataset import LazySupervisedDataset
-    lazy, eager = _lazy_and_eager(lf, _config(stage, text_model, stage_data, tmp_path / "o"), DATA_STAGES[stage])
+    lazy, eager = lazy_and_eager(lf, _config(stage, text_model, stage_data, tmp_path / "o"), DATA_STAGES[stage])
     assert isinstance(lazy, LazySupervisedDataset)
     assert lazy.pairwise == (stage == "dpo")
     assert len(lazy) == len(eager) > 0
@@ -87,8 +63,10 @@ def _converted_row(prompt_turns, responses, content="hello there"):
 def test_rows_left_out_up_front_are_the_rows_upstream_drops(lf, tmp_path, text_model, stage_data, stage):
     """Every shape of converted row (0–4 prompt turns, 0–3 responses): `trainable_row` keeps a
     row exactly when LLaMA-Factory's processor of the data stage makes a sample of it."""
-    get_train_args, load_tokenizer, get_template, _, loader = lf
+    from llamafactory.data import loader
+
     from odb_factory.llamafactory.lazy_dataset import trainable_row
+    get_train_args, load_tokenizer, get_template, _ = lf
     model_args, data_args, _, _, _ = get_train_args(_config(stage, text_model, stage_data, tmp_path / "o"))
     tokenizer_module = load_tokenizer(model_args)
     template = get_template(tokenizer_module["tokenizer"], data_args)
@@ -141,7 +119,7 @@ def test_image_pairs_cut_by_cutoff_len_are_named_by_row(lf, tmp_path, tiny_model
     config = base_yaml(tiny_model, data, tmp_path / "o", stage="dpo", dataset="image_pairs", media_dir=str(data),
                        odb_enable=True, pref_beta=0.1, cutoff_len=6)   # no room for a whole image
     with pytest.raises(TruncatedVisionTokensError) as caught:
-        _lazy_and_eager(lf, config, "rm")
+        lazy_and_eager(lf, config, "rm")
     lines = str(caught.value).splitlines()
     assert [line.split(": cutoff_len=6 cuts into its image tokens (kept ")[0] for line in lines[1:4]] == \
         [f"  training row {i}" for i in range(3)]
