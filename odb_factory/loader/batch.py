@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
@@ -55,8 +56,17 @@ class ODBBatch:
         # only reached for names the instance lacks: the renamed ones warn and answer
         if name in _RENAMED:
             new = _RENAMED[name]
-            # stacklevel 2: the line that read the old name
             warnings.warn(f"ODBBatch.{name} is deprecated (renamed {new} in 0.2.0; the old name goes "
-                          f"in 0.3.0): read ODBBatch.{new}", DeprecationWarning, stacklevel=2)
+                          f"in 0.3.0): read ODBBatch.{new}", DeprecationWarning,
+                          stacklevel=_reader_stacklevel())
             return getattr(self, new)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+def _reader_stacklevel() -> int:
+    """`warnings.warn`'s stacklevel, called from `__getattr__`, of the line that read the old name:
+    the first frame outside this file, however many frames of this file wrap `__getattr__`."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
