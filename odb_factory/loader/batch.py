@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
-# Names of 0.1.0, kept as deprecated aliases through 0.2.x (CHANGELOG.md).
-_RENAMED = {"num_tokens": "label_tokens", "global_num_tokens": "global_label_tokens",
-            "num_input_tokens": "input_tokens"}
+
+def _renamed(old: str, new: str) -> property:
+    """A name of 0.1.0, kept as a deprecated alias of `new` through 0.2.x (CHANGELOG.md)."""
+    def read(self: "ODBBatch") -> Any:
+        # stacklevel 2: the line that read the old name
+        warnings.warn(f"ODBBatch.{old} is deprecated (renamed {new} in 0.2.0; the old name goes "
+                      f"in 0.3.0): read ODBBatch.{new}", DeprecationWarning, stacklevel=2)
+        return getattr(self, new)
+    return property(read)
 
 
 @dataclass
@@ -48,25 +53,10 @@ class ODBBatch:
     sample_weights: List[float] = field(default_factory=list)
     optimizer_step_end: bool = False
 
+    num_tokens = _renamed("num_tokens", "label_tokens")
+    global_num_tokens = _renamed("global_num_tokens", "global_label_tokens")
+    num_input_tokens = _renamed("num_input_tokens", "input_tokens")
+
     @property
     def num_samples(self) -> int:
         return len(self.indices)
-
-    def __getattr__(self, name: str) -> Any:
-        # only reached for names the instance lacks: the renamed ones warn and answer
-        if name in _RENAMED:
-            new = _RENAMED[name]
-            warnings.warn(f"ODBBatch.{name} is deprecated (renamed {new} in 0.2.0; the old name goes "
-                          f"in 0.3.0): read ODBBatch.{new}", DeprecationWarning,
-                          stacklevel=_reader_stacklevel())
-            return getattr(self, new)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-
-def _reader_stacklevel() -> int:
-    """`warnings.warn`'s stacklevel, called from `__getattr__`, of the line that read the old name:
-    the first frame outside this file, however many frames of this file wrap `__getattr__`."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename == __file__:
-        frame, level = frame.f_back, level + 1
-    return level
