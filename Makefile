@@ -100,9 +100,11 @@ mutation: $(STAMP)
 	  'pytest_add_cli_args =' '    -p' '    no:cacheprovider' \
 	  $(if $(MUTATION_MARK),'    -m' '    $(MUTATION_MARK)') \
 	  'pytest_add_cli_args_test_selection =' $(addprefix '    ,$(addsuffix ',$(MUTATION_TESTS))) \
-	  '[tool:pytest]' 'markers =' '    slow: multi-process or end-to-end tests' \
+	  '[tool:pytest]' 'timeout = 600' 'markers =' '    slow: multi-process or end-to-end tests' \
 	  > $(MUTATION_DIR)/setup.cfg
-	# a mutant that loops while appending fails on memory (8 GB) instead of swapping the machine
+	# a mutant that waits forever fails at the tests' timeout (mutmut's own wall-clock limit grows with
+	# the covering tests' durations); one that loops while appending fails on memory (8 GB) instead
+	# of swapping the machine
 	cd $(MUTATION_DIR) && ulimit -v 8000000 && HYPOTHESIS_PROFILE=mutation OMP_NUM_THREADS=1 \
 	  PYTHONPATH=$(CURDIR)/$(MUTATION_DIR)/mutants:$(CURDIR)/$(MUTATION_DIR)/tests/helpers/mutation_site \
 	  ODB_MUTATION_HITS=$(CURDIR)/$(MUTATION_DIR)/hits $(CURDIR)/$(PY) -m mutmut run

@@ -76,11 +76,12 @@ class StepRebalancer:
     def rebalance(self, slots: List[Slot], all_costs: Sequence[Sequence[Sequence[SampleCost]]],
                   payload_of: Callable[[Any], Any], epoch: int, step_totals: bool = False) -> RebalancedRound:
         """New slots for this rank (as many as the layout has: global grouping may need fewer),
-        the payloads that moved, and the figures.
+        the payloads that moved, and the figures. `slots`: this rank's slots of one round or
+        optimizer step, at least one (every rank holds as many, IDLE slots included).
         step_totals: every slot carries its optimizer step's global counts (samples mode),
         which a re-layout within the step leaves unchanged; otherwise each slot's are recounted."""
         me, world = self.sync.rank, self.sync.world_size
-        round_no = slots[0].round if slots else -1
+        round_no = slots[0].round
         layout, metrics = self.plan(all_costs, round_no, epoch)
         outgoing: List[List[Any]] = [[] for _ in range(world)]
         sent_uids = []

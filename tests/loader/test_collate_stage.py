@@ -78,6 +78,7 @@ def test_the_sampler_raises_the_planners_exception_itself():
     assert raised.value is error
 
 
+@pytest.mark.timeout(30)   # reported, not waited for forever (the poll notices within a second)
 def test_a_planner_that_stopped_without_a_word_is_reported():
     dead = threading.Thread(target=lambda: None)
     dead.start()
