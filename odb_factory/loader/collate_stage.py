@@ -41,9 +41,11 @@ class CollateJob(Dataset):
 class PlanSampler(Sampler):
     """Yields the current epoch's StepPlans from the planner queue, in order."""
 
+    source: Optional["queue.Queue"]
+    planner: Optional[threading.Thread]
+
     def __init__(self) -> None:
-        self.source: Optional["queue.Queue"] = None
-        self.planner: Optional[threading.Thread] = None
+        self.detach()
 
     def attach(self, source: "queue.Queue", planner: threading.Thread) -> None:
         self.source, self.planner = source, planner
