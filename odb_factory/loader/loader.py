@@ -36,6 +36,9 @@ from .planner_thread import EpochPlanner, OptimizerStepSpec, PlannerThread, Samp
 from ..comm.channel import SyncChannel
 from ..comm.errors import ODBSyncError
 
+# the layout of state_dict(); load_state_dict() refuses any other
+STATE_VERSION = 1
+
 
 def die_with_parent(_worker_id: int) -> None:
     """DataLoader worker_init_fn: the worker is killed when the rank process that started it
@@ -161,7 +164,7 @@ class ODBDataLoader:
         or set_epoch() to another epoch, which then starts afresh)."""
         if self._resume is not None and self._resume["epoch"] == self._epoch:
             return dict(self._resume)
-        return {"version": 1, "epoch": self._epoch, "rank": self.rank, "world_size": self.world_size,
+        return {"version": STATE_VERSION, "epoch": self._epoch, "rank": self.rank, "world_size": self.world_size,
                 "consumed": sorted(self._consumed.get(self._epoch, [])),
                 "consumed_global": self._consumed_global.get(self._epoch, 0),
                 "steps": self.metrics.epoch_steps.get(self._epoch, 0),
@@ -174,6 +177,9 @@ class ODBDataLoader:
         epoch continues the saved run from the micro-step the state was saved after, with the
         same steps the uninterrupted run has (`_restore_epoch`). Resuming with another world
         size is not supported."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"ODB state of version {state.get('version')!r}: this odb-factory reads version "
+                             f"{STATE_VERSION} (ODBDataLoader.state_dict); resume with the release that saved it")
         if state.get("world_size") != self.world_size:
             raise ValueError(f"ODB state was saved with world size {state.get('world_size')}, "
                              f"this run has {self.world_size}")
@@ -338,7 +344,7 @@ class ODBDataLoader:
 
     def _optimizer_step_spec(self, epoch: int) -> OptimizerStepSpec:
         """Samples mode: the epoch's Standard steps not trained yet, and how to pack them."""
-        cfg, done = self.config, self._optimizer_steps.get(epoch, 0)
+        cfg, done = self.config, self._optimizer_steps[epoch]   # set at the epoch's start
         steps = list(self._standard_steps(epoch))
         for step in steps:
             bad = [i for i in step.indices if not 0 <= i < self.num_samples]
@@ -368,7 +374,7 @@ class ODBDataLoader:
             scale = 1.0
         metrics = self.metrics.record(plan, wait_s)
         if plan.step_end:
-            self._optimizer_steps[plan.epoch] = self._optimizer_steps.get(plan.epoch, 0) + 1
+            self._optimizer_steps[plan.epoch] += 1
         if self.config.step_mode == "samples":  # (groups mode plans on from what was trained)
             self._micro_in_step[plan.epoch] = 0 if plan.step_end else self._micro_in_step.get(plan.epoch, 0) + 1
         self._consumed.setdefault(plan.epoch, []).extend(plan.indices)

@@ -70,13 +70,13 @@ def test_resume_mid_epoch(tmp_path, join, workers, global_grouping):
 
 def _load_foreign(rank, world, state_dir):
     """Each rank is handed its peer's state, then its own with another world size, then its own
-    saved with post-balancing (this loader runs without)."""
+    saved with post-balancing (this loader runs without), then its own of another version."""
     loader = _make(True, 0)
     errors = []
     peer = pickle.loads(Path(state_dir, f"rank{1 - rank}.pkl").read_bytes())
     own = pickle.loads(Path(state_dir, f"rank{rank}.pkl").read_bytes())
     balanced = dict(own, config=dict(own["config"], balance=True))
-    for state in (peer, dict(own, world_size=3), balanced):
+    for state in (peer, dict(own, world_size=3), balanced, dict(own, version=2)):
         try:
             loader.load_state_dict(state)
             errors.append(None)
@@ -91,10 +91,13 @@ def test_a_foreign_state_is_refused_by_rank_and_world_size(tmp_path):
     """Another rank's state would train its samples twice on this rank (and lose this rank's);
     another world size would plan other views: both are refused by name."""
     run_world(_first_part, 2, True, 0, 3, str(tmp_path))
-    for rank, (peer, other_world, other_options) in enumerate(run_world(_load_foreign, 2, str(tmp_path))):
+    for rank, (peer, other_world, other_options, other_version) in enumerate(
+            run_world(_load_foreign, 2, str(tmp_path))):
         assert peer == (f"ODB state of rank {1 - rank} given to rank {rank}: each rank resumes from the state "
                         "it saved (save one per rank, load it on the same rank)")
         assert other_world == "ODB state was saved with world size 3, this run has 2"
         assert other_options == ("ODB state was saved with different planning options: ODBConfig.balance (YAML key "
                                  "odb_balance) is False now, True in the state. Resume with the options it was "
                                  "saved with")
+        assert other_version == ("ODB state of version 2: this odb-factory reads version 1 "
+                                 "(ODBDataLoader.state_dict); resume with the release that saved it")
