@@ -101,3 +101,34 @@ def test_a_foreign_state_is_refused_by_rank_and_world_size(tmp_path):
                                  "saved with")
         assert other_version == ("ODB state of version 2: this odb-factory reads version 1 "
                                  "(ODBDataLoader.state_dict); resume with the release that saved it")
+
+
+def test_a_state_counts_the_epoch_it_was_saved_in():
+    """One process, samples mode: a state before any step holds nothing trained; one saved
+    mid-way through epoch 1 counts that epoch's samples and steps, not epoch 0's."""
+    from odb_factory import ODBConfig, ODBDataLoader
+    from odb_factory.synthetic import LengthDataset, long_tail_lengths, pad_collate
+    ds = LengthDataset(long_tail_lengths(40, cv=1.0, mean=50, seed=5, maximum=600))
+    loader = ODBDataLoader(ds, ODBConfig(token_budget=600, step_mode="samples", standard_batch_size=4,
+                                         gradient_accumulation_steps=2), collate_fn=pad_collate)
+    fresh = loader.state_dict()
+    assert {k: v for k, v in fresh.items() if k != "config"} == {
+        "version": 1, "epoch": 0, "rank": 0, "world_size": 1, "consumed": [], "consumed_global": 0,
+        "steps": 0, "optimizer_steps": 0, "micro_steps_in_step": 0}
+    assert fresh["config"] == loader.config.planning_fields()
+    assert len([step for step in loader]) > 5   # epoch 0, whole
+    loader.set_epoch(1)
+    trained, counted, ends, since_end = [], 0, 0, 0
+    for micro, step in enumerate(loader, start=1):
+        trained += step.indices
+        counted += step.global_num_samples   # the optimizer step's, on its first micro-step
+        ends, since_end = ends + step.optimizer_step_end, 0 if step.optimizer_step_end else since_end + 1
+        if ends == 1 and since_end == 1:   # one micro-step into the second optimizer step
+            break
+    state = loader.state_dict()
+    loader.close()
+    assert {k: state[k] for k in ("epoch", "consumed", "consumed_global", "steps", "optimizer_steps",
+                                  "micro_steps_in_step")} == {
+        "epoch": 1, "consumed": sorted(trained), "consumed_global": counted, "steps": micro,
+        "optimizer_steps": 1, "micro_steps_in_step": 1}
+    assert counted == 2 * 4 * 2   # two optimizer steps begun, 4 x 2 samples each
