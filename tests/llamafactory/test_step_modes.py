@@ -78,6 +78,7 @@ def test_the_loss_each_mode_computes(odb_log):
 def test_samples_mode_warns_when_a_step_holds_one_sample(odb_log):
     SamplesMode().describe(per_device_batch=2, accumulation=1)
     SamplesMode().describe(per_device_batch=1, accumulation=2)
+    SamplesMode().describe(per_device_batch=2, accumulation=2)
     assert _messages(odb_log) == []
     SamplesMode().describe(per_device_batch=1, accumulation=1)
     assert _messages(odb_log) == [
@@ -101,10 +102,14 @@ def test_groups_mode_says_what_an_optimizer_step_holds(odb_log):
 def test_auto_budget_and_auto_balance_follow_the_mode_and_the_device():
     samples, groups = SamplesMode(), GroupsMode()
     budget, why = samples.auto_token_budget(on_cpu=True, default=4096)
-    assert budget == CPU_SAMPLES_TOKEN_BUDGET == 1024 and why.startswith("odb_token_budget: auto, odb_step: samples on CPU")
+    assert budget == CPU_SAMPLES_TOKEN_BUDGET == 1024 and why == (
+        "odb_token_budget: auto, odb_step: samples on CPU, where a packed row costs more per token once memory "
+        "runs short; the model is the same")
     assert samples.auto_token_budget(on_cpu=False, default=4096) == (
         4096, "odb_token_budget: auto, odb_step: samples on an accelerator")
-    assert groups.auto_token_budget(on_cpu=True, default=4096)[0] == 4096
+    assert groups.auto_token_budget(on_cpu=True, default=4096) == (
+        4096, "odb_token_budget: auto, odb_step: groups (the budget makes the optimizer steps, so it does not "
+              "follow the device)")
     assert groups.auto_token_budget(on_cpu=False, default=2048)[0] == 2048
 
     assert samples.auto_balance(1) == (False, "odb_balance: auto, one rank: nothing to re-deal")
@@ -156,25 +161,34 @@ def test_groups_mode_estimates_its_steps_from_a_probe_of_the_dataset():
     args = SimpleNamespace(world_size=1, gradient_accumulation_steps=1)
     assert GroupsMode.estimate_steps(loader, args, _groups_run(50, "packed", 40)) == 40
     assert GroupsMode.estimate_steps(loader, args, _groups_run(1000, "packed", 0)) == 1
+    # one sample of 4 tokens: 2.5 per group; samples of one token: the budget's 10
+    one = SimpleNamespace(dataset=[{"input_ids": [1] * 4}])
+    assert GroupsMode.estimate_steps(one, args, _groups_run(10, "packed", 40)) == 16
+    single_tokens = SimpleNamespace(dataset=[{"input_ids": [1]}] * 3)
+    assert GroupsMode.estimate_steps(single_tokens, args, _groups_run(10, "packed", 40)) == 4
 
 
 def test_groups_mode_hands_hf_its_step_bound_and_the_runs_sample_count():
     run = _groups_run(1000, "padded", 40)
-    loader = SimpleNamespace(dataset=[{"input_ids": [1] * 100}] * 40, steps_upper_bound=lambda: 12)
-    trainer = SimpleNamespace(odb_run=run, get_total_train_batch_size=lambda args: 16)
     args = SimpleNamespace(max_steps=-1, num_train_epochs=2.5, gradient_accumulation_steps=4, world_size=2)
+    loader = SimpleNamespace(dataset=[{"input_ids": [1] * 100}] * 40, steps_upper_bound=lambda: 13)
+    trainer = SimpleNamespace(odb_run=run, get_total_train_batch_size=lambda given: 16 if given is args else None)
     upstream = lambda: pytest.fail("groups mode counts its own steps")   # noqa: E731
     # transformers 5: (epochs, updates per epoch, examples, samples, total batch, bound, max steps)
     assert GroupsMode().initial_training_values(trainer, args, loader, upstream, transformers_4=False) == (
-        3, 3, 40, 40, 16, 12, 1)
-    assert loader.updates_per_epoch == 3
-    # transformers 4.57: the fifth is whether the epochs are counted (no max_steps)
+        3, 3, 40, 40, 16, 13, 1)
+    assert loader.updates_per_epoch == 3 and type(loader.updates_per_epoch) is int
+    # transformers 4.57: the fifth is whether the epochs are counted (no max_steps: HF's max_steps < 0)
     assert GroupsMode().initial_training_values(trainer, args, loader, upstream, transformers_4=True) == (
-        3, 3, 40, 40, True, 12, 1)
-    args.max_steps = 5
-    epochs, _, _, samples, counted, _, max_steps = GroupsMode().initial_training_values(
-        trainer, args, loader, upstream, transformers_4=True)
-    assert (samples, counted, max_steps) == (5 * 16, False, 5) and epochs > 10 ** 9
+        3, 3, 40, 40, True, 13, 1)
+    args.max_steps = 0   # not set either, and HF's epochs are not counted
+    assert GroupsMode().initial_training_values(trainer, args, loader, upstream, transformers_4=True) == (
+        3, 3, 40, 40, False, 13, 1)
+    for max_steps in (1, 5):
+        args.max_steps = max_steps
+        epochs, _, _, samples, counted, _, steps = GroupsMode().initial_training_values(
+            trainer, args, loader, upstream, transformers_4=True)
+        assert (samples, counted, steps) == (max_steps * 16, False, max_steps) and epochs > 10 ** 9
 
 
 def test_samples_mode_takes_hfs_own_count_and_tells_the_loader():
@@ -202,6 +216,7 @@ def test_groups_mode_schedules_by_sample_progress(odb_log):
     # max_steps: the steps are known, the schedule stays HF's
     kept = _lambda_lr(linear)
     assert GroupsMode().schedule(kept, 100, SimpleNamespace(max_steps=5), progress).lr_lambdas == [linear]
+    assert GroupsMode().schedule(kept, 100, SimpleNamespace(max_steps=1), progress).lr_lambdas == [linear]
     assert SamplesMode().schedule(kept, 100, SimpleNamespace(max_steps=0), progress).lr_lambdas == [linear]
     assert _messages(odb_log) == []
     # a scheduler without lambdas keeps its own schedule, and the user is told
@@ -233,8 +248,9 @@ def test_an_optimizer_step_batch_counts_the_tokens_of_all_its_micro_batches():
     assert step["attention_mask"].tolist() == [1, 1, 0, 1, 1]
     assert "input_ids" in step and "attention_mask" in step
     assert "labels" not in step   # HF counts no labels: the sample weights normalise the loss
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError) as missing:
         step["labels"]
+    assert missing.value.args == ("labels",)
     without_mask = OptimizerStepBatch([first, {"input_ids": torch.tensor([[4]])}])
     assert "attention_mask" not in without_mask and "input_ids" in without_mask
     assert micro_batches_of(step) == [first, second]
@@ -273,3 +289,54 @@ def test_groups_mode_keeps_hfs_training_step():
     upstream = lambda model, inputs, n: calls.append((model, inputs, n)) or 2.0   # noqa: E731
     assert GroupsMode().training_step(None, "model", "inputs", upstream, 7) == 2.0
     assert calls == [("model", "inputs", 7)]
+
+
+def test_the_token_sum_loss_reads_a_model_output_and_any_denominator():
+    torch.manual_seed(0)
+    logits, labels = torch.randn(2, 5, 11), torch.randint(0, 11, (2, 5))
+    labels[0, :3] = -100
+    as_dict = token_sum_loss({"logits": logits}, labels, 7)
+    assert float(token_sum_loss(SimpleNamespace(logits=logits), labels, 7)) == float(as_dict)
+    # a tensor denominator counts at least one token, as an int one does
+    total = float(as_dict) * 7
+    assert float(token_sum_loss({"logits": logits}, labels, torch.tensor(1))) == pytest.approx(total)
+    assert float(token_sum_loss({"logits": logits}, labels, torch.tensor(0))) == pytest.approx(total)
+    assert float(token_sum_loss({"logits": logits}, labels, 0)) == pytest.approx(total)
+
+
+def test_sample_weights_are_float32_and_zero_for_an_idle_step():
+    trained, idle = _step(True), _step(True, idle=True)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        weights = SamplesMode.loss_weights(trained, None)
+    finally:
+        torch.set_default_dtype(default)
+    assert weights.dtype == torch.float32 and weights.tolist() == [0.5]
+    assert SamplesMode.loss_weights(idle, None).tolist() == [0.0]   # one filler sample, weighing nothing
+
+
+def test_a_packed_micro_batch_gets_a_weight_per_token():
+    from odb_factory.llamafactory.padding_free import TOKEN_SAMPLE_KEY
+    step = ODBBatch(data=None, indices=[1, 2], label_tokens=1, global_label_tokens=1, loss_scale=1.0,
+                    is_idle=False, epoch=0, step=0, sample_weights=[0.5, 0.25], optimizer_step_end=True)
+    batch = {"input_ids": torch.zeros(1, 5, dtype=torch.long), TOKEN_SAMPLE_KEY: torch.tensor([[0, 0, 1, 1, -1]])}
+    (handed,) = SamplesMode().hf_batches(iter([(step, batch)]))
+    assert handed.micro_batches[0]["odb_sample_weights"].tolist() == [[0.5, 0.5, 0.25, 0.25, 0.0]]
+
+
+def test_samples_mode_runs_a_steps_micro_batches_and_syncs_gradients_on_the_last():
+    from accelerate import Accelerator
+    accelerator = Accelerator(cpu=True)
+    seen = []
+
+    def upstream(model, batch, num_items):
+        seen.append((batch["i"], accelerator.gradient_state.sync_gradients, num_items))
+        return torch.tensor(float(batch["i"]))
+
+    step = OptimizerStepBatch([{"i": 1}, {"i": 2}, {"i": 3}])
+    total = SamplesMode().training_step(SimpleNamespace(accelerator=accelerator), torch.nn.Linear(1, 1), step,
+                                        upstream, num_items_in_batch=99)
+    # each micro-batch's loss is its weighted share of the step's: the step's loss is their sum
+    assert float(total) == 6.0
+    assert seen == [(1, False, None), (2, False, None), (3, True, None)]

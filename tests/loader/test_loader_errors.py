@@ -155,3 +155,20 @@ def test_collective_timeout_names_rank_and_round():
     assert status == "error"
     assert "ODBSyncError" in text and "rank 0/2" in text and "round" in text and "timeout 4s" in text
     assert results[1] == ("ok", "finished")
+
+
+def test_standard_steps_outside_the_dataset_are_named():
+    from odb_factory.planning.optimizer_steps import StandardStep
+    steps = [StandardStep(((0, 1),)), StandardStep(((9, -1, 10, 11, 12, 13, 14, 3),))]   # 10 samples: 0..9
+    loader = ODBDataLoader(LengthDataset([5] * 10), ODBConfig(step_mode="samples", standard_batch_size=2),
+                           collate_fn=pad_collate, standard_steps=lambda epoch: steps)
+    with pytest.raises(ValueError) as raised:
+        list(loader)
+    assert str(raised.value) == ("standard_steps(0) names indices [-1, 10, 11, 12, 13] outside the dataset "
+                                 "of 10 samples")
+
+
+def test_samples_mode_follows_the_dataset_order_without_shuffle():
+    loader = ODBDataLoader(LengthDataset([5] * 10), ODBConfig(step_mode="samples", standard_batch_size=2,
+                                                              shuffle=False), collate_fn=pad_collate)
+    assert [i for step in loader for i in step.indices] == list(range(10))
