@@ -325,18 +325,37 @@ def test_a_packed_micro_batch_gets_a_weight_per_token():
     assert handed.micro_batches[0]["odb_sample_weights"].tolist() == [[0.5, 0.5, 0.25, 0.25, 0.0]]
 
 
-def test_samples_mode_runs_a_steps_micro_batches_and_syncs_gradients_on_the_last():
-    from accelerate import Accelerator
-    accelerator = Accelerator(cpu=True)
-    seen = []
+@pytest.mark.parametrize("deepspeed", [False, True], ids=["ddp", "deepspeed"])
+def test_samples_mode_runs_a_steps_micro_batches_and_syncs_gradients_on_the_last(monkeypatch, deepspeed):
+    """HF accumulates over 1: the step's micro-batches run in one training_step; DDP skips the
+    gradient all-reduce (no_sync) but on the last; DeepSpeed reads the sync flag instead."""
+    import contextlib
 
-    def upstream(model, batch, num_items):
-        seen.append((batch["i"], accelerator.gradient_state.sync_gradients, num_items))
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+    accelerator = Accelerator(cpu=True)
+    if deepspeed:
+        monkeypatch.setattr(accelerator.state, "distributed_type", DistributedType.DEEPSPEED)
+    model, seen, unsynced = torch.nn.Linear(1, 1), [], []
+    real_no_sync = accelerator.no_sync
+
+    @contextlib.contextmanager
+    def no_sync(model=None):   # the real one, noting which model it holds back
+        unsynced.append(model)
+        with real_no_sync(model=model):
+            yield
+        unsynced.pop()
+
+    monkeypatch.setattr(accelerator, "no_sync", no_sync)
+
+    def upstream(given, batch, num_items):
+        seen.append((given is model, batch["i"], accelerator.gradient_state.sync_gradients, list(unsynced), num_items))
         return torch.tensor(float(batch["i"]))
 
     step = OptimizerStepBatch([{"i": 1}, {"i": 2}, {"i": 3}])
-    total = SamplesMode().training_step(SimpleNamespace(accelerator=accelerator), torch.nn.Linear(1, 1), step,
-                                        upstream, num_items_in_batch=99)
+    total = SamplesMode().training_step(SimpleNamespace(accelerator=accelerator), model, step, upstream,
+                                        num_items_in_batch=99)
     # each micro-batch's loss is its weighted share of the step's: the step's loss is their sum
     assert float(total) == 6.0
-    assert seen == [(1, False, None), (2, False, None), (3, True, None)]
+    held_back = [] if deepspeed else [model]
+    assert seen == [(True, 1, False, held_back, None), (True, 2, False, held_back, None), (True, 3, True, [], None)]
