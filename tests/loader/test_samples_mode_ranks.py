@@ -37,7 +37,8 @@ def _micro_steps(rank, world, balance):
                     "label_tokens": step.label_tokens, "global_label_tokens": step.global_label_tokens,
                     "global_num_samples": step.global_num_samples, "padded": step.padded_tokens,
                     "data_label_tokens": int((labels[:, 1:] != -100).sum()),
-                    "data_padded": rows[0] * (-(-rows[1] // PAD) * PAD)})
+                    "data_padded": rows[0] * (-(-rows[1] // PAD) * PAD),
+                    "balanced": "balance_max_over_lb" in step.metrics})
     loader.close()
     return out
 
@@ -72,6 +73,8 @@ def test_every_micro_step_carries_its_optimizer_steps_global_counts(balance):
             # its sample count rides on the first micro-step only
             assert [m["global_label_tokens"] for m in micro] == [tokens] * len(micro)
             assert [m["global_num_samples"] for m in micro] == [samples] + [0] * (len(micro) - 1)
+            # so do the step's figures (post-balancing's, when it runs)
+            assert [m["balanced"] for m in micro] == [balance] + [False] * (len(micro) - 1)
             for m in micro:
                 if not m["idle"]:
                     assert m["label_tokens"] == m["data_label_tokens"]
@@ -154,3 +157,28 @@ def test_a_peer_that_stops_iterating_is_reported_at_once():
     assert left is None
     assert text is not None and "rank 1 stopped iterating epoch 0" in text, text
     assert seconds < 30, f"rank 0 learned after {seconds:.0f}s, not from rank 1's notice"
+
+
+def _leave_in_the_last_step(rank, world):
+    """Planning in the training thread (no workers): rank 1 leaves one micro-step into the
+    epoch's last optimizer step, after the last exchange; rank 0 trains it to the end."""
+    from odb_factory import ODBDataLoader
+    from odb_factory.synthetic import pad_collate
+    loader = ODBDataLoader(_dataset(), _config(sync_timeout_s=20.0), collate_fn=pad_collate, num_workers=0,
+                           num_collate_workers=0)
+    last = len(loader._fixed_batch_steps(0)) - 1
+    start, ends = time.monotonic(), 0
+    for step in loader:
+        if rank == 1 and ends == last:
+            break
+        ends += step.optimizer_step_end
+    loader.close()
+    return ends, time.monotonic() - start
+
+
+def test_leaving_after_the_last_exchange_waits_for_no_peer():
+    """No exchange follows the last step's: a rank leaving then has no peer to tell, and
+    must not wait for one (sync_timeout_s) to take its notice."""
+    (zero, _), (one, seconds) = run_world(_leave_in_the_last_step, 2, timeout=180)
+    assert zero == one + 1
+    assert seconds < 15, f"rank 1 left after {seconds:.0f}s"
