@@ -103,8 +103,8 @@ def _hang_in_step(rank, world, hang_rank, hang_step, resume_after):
     from odb_factory import ODBDataLoader
     from odb_factory.planning.optimizer_steps import fixed_batch_steps
     from odb_factory.synthetic import pad_collate
-    config = _config(sync_timeout_s=6.0)
-    first = ODBDataLoader(_dataset(), config, collate_fn=pad_collate)
+    config = _config(sync_timeout_s=6.0)   # short for the resumed run only: it is the wait measured
+    first = ODBDataLoader(_dataset(), _config(sync_timeout_s=120.0), collate_fn=pad_collate)
     done = 0
     for step in first:
         done += step.optimizer_step_end
