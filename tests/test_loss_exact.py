@@ -275,6 +275,11 @@ def test_llamafactory_token_sum_loss_denominator():
     assert float(token_sum_loss(outputs, labels, 40)) == pytest.approx(total / 40, rel=1e-6)
     assert float(token_sum_loss(outputs, labels, torch.tensor(40))) == pytest.approx(total / 40, rel=1e-6)
     assert float(token_sum_loss(outputs, labels, 0)) == pytest.approx(total, rel=1e-6)  # clamped to 1
+    assert float(token_sum_loss(outputs, labels, torch.tensor(0))) == pytest.approx(total, rel=1e-6)
+    assert float(token_sum_loss(outputs, labels, torch.tensor(1))) == pytest.approx(total, rel=1e-6)
+    # a model output with a `logits` attribute (not a dict) reads the same
+    from types import SimpleNamespace
+    assert float(token_sum_loss(SimpleNamespace(logits=logits), labels, 40)) == float(token_sum_loss(outputs, labels, 40))
     # the logits of the supervised positions only (what a training forward computes in groups
     # mode): the same loss, and the same gradient for the logits it kept
     from odb_factory.loss import supervised_positions

@@ -121,6 +121,15 @@ def test_loss_weights_follow_the_tokens_of_a_packed_row_and_vanish_when_idle():
     assert SamplesMode.loss_weights(step, token_sample).abs().sum() == 0
     padded = SimpleNamespace(sample_weights=[0.5, 0.25], is_idle=False, data={"input_ids": torch.zeros(2, 5)})
     assert SamplesMode.loss_weights(padded, None).tolist() == [0.5, 0.25]
+    # float32 whatever torch's default dtype; an IDLE step trains one filler sample, weighing nothing
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert SamplesMode.loss_weights(padded, None).dtype == torch.float32
+    finally:
+        torch.set_default_dtype(default)
+    padded.is_idle = True
+    assert SamplesMode.loss_weights(padded, None).tolist() == [0.0]
 
 
 def test_a_resumed_loader_maps_hf_epochs_onto_its_own():
