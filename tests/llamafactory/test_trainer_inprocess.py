@@ -1,0 +1,201 @@
+"""The ODB trainer inside LLaMA-Factory's own `run_exp`, in this process, on one rank: what
+`odb_factory/llamafactory/trainer.py` decides and hands on, read from the trainer itself (its
+loader's configuration, its logs, its metrics, the positions its forwards computed logits at).
+The same runs on 2 ranks through the stock CLI are in test_e2e.py, test_samples_mode.py and
+test_stage_pt.py; one rank in-process takes about 2 s a run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+
+import pytest
+
+from tests.helpers import lf_runs
+from tests.helpers.lf_runs import base_yaml, log_history
+
+pytest.importorskip("llamafactory")
+
+
+@pytest.fixture(scope="module")
+def run_exp(lf):
+    """LLaMA-Factory's `run_exp` with the patches applied (`lf`), offline."""
+    import os
+    for key, value in lf_runs.env().items():
+        if key.endswith("_OFFLINE") or key in ("DISABLE_VERSION_CHECK", "TOKENIZERS_PARALLELISM"):
+            os.environ.setdefault(key, value)
+    from llamafactory.train.tuner import run_exp
+    return run_exp
+
+
+@pytest.fixture
+def trained(run_exp, monkeypatch):
+    """train(config) -> (the ODB trainer of the run or None, the `odb_factory` log lines):
+    runs `config` in this process."""
+    from odb_factory.llamafactory.trainer import ODBTrainerMixin
+    built = []
+    init = ODBTrainerMixin.__init__
+
+    def recording_init(self, *args, **kwargs):
+        built.append(self)
+        init(self, *args, **kwargs)
+        self.logit_rows = _lm_head_rows(self)
+    monkeypatch.setattr(ODBTrainerMixin, "__init__", recording_init)
+
+    def train(config):
+        built.clear()
+        lines = []
+        handler = logging.Handler(logging.DEBUG)
+        handler.emit = lambda record: lines.append(record.getMessage())
+        odb_logger = logging.getLogger("odb_factory")
+        odb_logger.addHandler(handler)
+        try:
+            children = set(multiprocessing.active_children())
+            run_exp(config)
+            # the loader's worker processes end with the training
+            assert set(multiprocessing.active_children()) <= children
+        finally:
+            odb_logger.removeHandler(handler)
+        return (built[0] if built else None), lines
+    return train
+
+
+def _pt(model, data, out, **extra):
+    return base_yaml(model, data, out, stage="pt", dataset="docs", template="qwen3_nothink", cutoff_len=256,
+                     max_samples=48, per_device_train_batch_size=2, gradient_accumulation_steps=3,
+                     learning_rate=2e-3, warmup_ratio=0.1, max_grad_norm=1.0, seed=3, **extra)
+
+
+def _steps(out):
+    return [h for h in log_history(out) if "loss" in h]
+
+
+def _lm_head_rows(trainer):
+    """Rows of logits each training forward of `trainer`'s model computes (a hook on the LM head)."""
+    rows = []
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    model.get_output_embeddings().register_forward_hook(
+        lambda module, args, output: rows.append(output.shape[:-1].numel()) if module.training else None)
+    return rows
+
+
+def test_samples_mode_trains_the_standard_model_in_process(trained, tmp_path, text_model, pt_data):
+    """`odb_step: samples` (the default) on one rank: Standard's optimizer steps, losses, learning
+    rates and gradient norms; logits at the supervised positions only; every input token counted
+    once in `odb_input_tokens`; the loader's workers gone after training."""
+    none, _ = trained(_pt(text_model, pt_data, tmp_path / "std", packing=False))
+    assert none is None   # without odb_enable, upstream's trainer
+    trainer, lines = trained(_pt(text_model, pt_data, tmp_path / "odb", odb_enable=True))
+    std, odb = _steps(tmp_path / "std"), _steps(tmp_path / "odb")
+    assert [h["step"] for h in odb] == [h["step"] for h in std] == list(range(1, 9))
+    for a, b in zip(std, odb):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+        assert b["learning_rate"] == pytest.approx(a["learning_rate"], rel=1e-9)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+        assert b["odb/samples_per_optimizer_step"] == 6
+    assert trainer.args.ignore_data_skip  # ODB restores its own data position on resume
+    loader = trainer._odb_train_loader.loader
+    assert loader._sample_loader._iterator is None and loader._collate_loader._iterator is None
+    tokens = sum(len(loader.dataset[i]["input_ids"]) for i in range(len(loader.dataset)))
+    metrics = json.loads((tmp_path / "odb" / "train_results.json").read_text())
+    assert metrics["odb_input_tokens"] == tokens
+    assert sum(trainer.logit_rows) == tokens - 48  # each document's tokens but its first
+    assert trainer.odb_run.progress.total == 48 and trainer.odb_run.progress.consumed == 48
+    assert lines == [
+        "ODB: padding-free groups (model type 'qwen3' trains packed rows with per-sample attention, so a group "
+        "costs its real tokens); packed rows attend per sample, one causal sdpa call each (no mask; "
+        "odb_packed_attention: segments)",
+        "ODB: odb_token_budget 1024 (odb_token_budget: auto, odb_step: samples on CPU, where a packed row costs "
+        "more per token once memory runs short; the model is the same)",
+        "ODB: post-balancing off (odb_balance: auto, one rank: nothing to re-deal)"]
+
+
+
+def test_a_vision_model_hands_its_token_ids_and_collator_on_to_the_loader(trained, tmp_path, tiny_model, demo_data):
+    """Tiny Qwen3-VL, stage sft: the loader plans with the model's image and video placeholder
+    ids, the collator's padding multiple, `data_seed` over `seed`, at least one worker, and the
+    loss a model with a processor gets from LLaMA-Factory (each micro-batch's mean,
+    `micro_mean`); and still trains Standard's model."""
+    def config(out, **extra):
+        return base_yaml(tiny_model, demo_data, out, data_seed=11, dataloader_num_workers=0, max_samples=24,
+                         gradient_accumulation_steps=2, **extra)
+    trained(config(tmp_path / "std"))
+    trainer, _ = trained(config(tmp_path / "odb", odb_enable=True))
+    model_config = json.loads((tiny_model / "config.json").read_text())
+    loader_config = trainer._odb_train_loader.loader.config
+    assert loader_config.vision_token_ids == (model_config["image_token_id"], model_config["video_token_id"])
+    assert loader_config.audio_token_ids == ()
+    assert loader_config.pad_to_multiple_of == trainer.data_collator.pad_to_multiple_of == 8
+    assert (loader_config.seed, loader_config.num_workers, loader_config.standard_batch_size) == (11, 1, 2)
+    assert (loader_config.gradient_accumulation_steps, loader_config.loss_scaling) == (2, "micro_mean")
+    assert loader_config.balance is False
+    std, odb = _steps(tmp_path / "std"), _steps(tmp_path / "odb")
+    assert [h["step"] for h in odb] == [h["step"] for h in std] == list(range(1, 7))
+    for a, b in zip(std, odb):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+
+
+def test_groups_mode_trains_each_sample_once_with_the_supervised_logits_only(trained, tmp_path, text_model,
+                                                                           pt_data):
+    """`odb_step: groups`: each of the 48 documents once in the audit ledger, 3 token-budgeted
+    groups per optimizer step (the start-up warning says so), the exact loss; computing the
+    logits at the supervised positions only changes no logged loss."""
+    def config(out, **extra):
+        return _pt(text_model, pt_data, out, odb_enable=True, odb_step="groups", odb_token_budget=512, **extra)
+    every, _ = trained(config(tmp_path / "every", odb_supervised_logits=False))
+    trainer, lines = trained(config(tmp_path / "odb", odb_audit_dir=str(tmp_path / "audit")))
+    rows = lf_runs.ledger(tmp_path / "audit")
+    assert sorted(i for r in rows for i in r["indices"]) == list(range(48))
+    assert [r["micro_steps"] for r in rows][:-1] == [3] * (len(rows) - 1)
+    steps = _steps(tmp_path / "odb")
+    assert [h["step"] for h in steps] == [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    assert [h["odb/samples_per_optimizer_step"] for h in steps] == [len(r["indices"]) for r in rows]
+    for a, b in zip(_steps(tmp_path / "every"), steps):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-6)
+    assert trainer._odb_loss == "exact"
+    tokens = trainer.odb_run.progress.input_tokens
+    assert tokens == sum(r["input_tokens"] for r in rows)
+    assert sum(trainer.logit_rows) < tokens <= sum(every.logit_rows)
+    assert lines[1:] == [
+        "ODB: post-balancing off (odb_balance: auto, odb_step: groups (set odb_balance: true to post-balance its "
+        "groups))",
+        "ODB: odb_step: groups: every optimizer step holds 3 token-budgeted groups per rank, not the recipe's 6 "
+        "samples per rank; the number of samples per optimizer step is logged as odb/samples_per_optimizer_step"]
+
+
+@pytest.mark.parametrize("step_mode", ["groups", "samples"])
+def test_a_resumed_run_continues_the_uninterrupted_one(trained, tmp_path, text_model, pt_data, step_mode):
+    """A run resumed from its checkpoint at step 3 logs the uninterrupted run's later steps: the
+    same losses and learning rates, and the same final step."""
+    def config(out, **extra):
+        return _pt(text_model, pt_data, out, odb_enable=True, odb_step=step_mode, odb_token_budget=512,
+                   save_strategy="steps", save_steps=3, **extra)
+    trained(config(tmp_path / "whole"))
+    trained(config(tmp_path / "resumed", resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-3")))
+    whole, resumed = _steps(tmp_path / "whole"), _steps(tmp_path / "resumed")  # the first 3: the checkpoint's
+    assert [h["step"] for h in resumed] == [h["step"] for h in whole] and len(whole) > 5
+    for a, b in zip(whole[3:], resumed[3:]):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-6)
+        assert b["learning_rate"] == pytest.approx(a["learning_rate"], rel=1e-9)
+
+
+def test_dpo_samples_mode_trains_the_standard_model_in_process(trained, tmp_path, text_model, pair_data):
+    """Stage dpo, `odb_step: samples`: each pair's DPO loss weighted as Standard's micro-batch
+    means weigh it; the same losses, learning rates and gradient norms (its reward metrics stay
+    means over whatever a micro-batch holds)."""
+    def config(out, **extra):
+        return base_yaml(text_model, pair_data, out, stage="dpo", dataset="pairs", template="qwen3_nothink",
+                         cutoff_len=256, max_samples=48, per_device_train_batch_size=2,
+                         gradient_accumulation_steps=3, learning_rate=1e-3, max_grad_norm=1.0, pref_beta=0.1,
+                         seed=3, **extra)
+    trained(config(tmp_path / "std"))
+    trainer, _ = trained(config(tmp_path / "odb", odb_enable=True, odb_token_budget=2048))
+    assert trainer._odb_train_loader.loader._costed.cost_fn.pad_to_multiple_of == 8
+    std, odb = _steps(tmp_path / "std"), _steps(tmp_path / "odb")
+    assert [h["step"] for h in odb] == [h["step"] for h in std] == list(range(1, 9))
+    assert any(h["odb/micro_steps_per_optimizer_step"] < 3 for h in odb), "no pairs were grouped"
+    for a, b in zip(std, odb):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+        assert b["learning_rate"] == pytest.approx(a["learning_rate"], rel=1e-9)
