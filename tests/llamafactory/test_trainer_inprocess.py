@@ -31,8 +31,8 @@ def run_exp(lf):
 
 @pytest.fixture
 def trained(run_exp, monkeypatch):
-    """train(config) -> (the ODB trainer of the run or None, the `odb_factory` log lines):
-    runs `config` in this process."""
+    """train(config, callbacks) -> (the ODB trainer of the run or None, the `odb_factory` log
+    lines): runs `config` in this process, with HF callbacks `callbacks` besides the run's."""
     from odb_factory.llamafactory.trainer import ODBTrainerMixin
     built = []
     init = ODBTrainerMixin.__init__
@@ -43,7 +43,7 @@ def trained(run_exp, monkeypatch):
         self.logit_rows = _lm_head_rows(self)
     monkeypatch.setattr(ODBTrainerMixin, "__init__", recording_init)
 
-    def train(config):
+    def train(config, callbacks=None):
         built.clear()
         lines = []
         handler = logging.Handler(logging.DEBUG)
@@ -52,12 +52,13 @@ def trained(run_exp, monkeypatch):
         odb_logger.addHandler(handler)
         try:
             children = set(multiprocessing.active_children())
-            run_exp(config)
+            run_exp(config, callbacks)
             # the loader's worker processes end with the training
             assert set(multiprocessing.active_children()) <= children
         finally:
             odb_logger.removeHandler(handler)
         return (built[0] if built else None), lines
+    train.built = built
     return train
 
 
@@ -69,6 +70,45 @@ def _pt(model, data, out, **extra):
 
 def _steps(out):
     return [h for h in log_history(out) if "loss" in h]
+
+
+def _token_mean_loss(model_dir, dataset, indices):
+    """The next-token cross entropy over the supervised tokens of `dataset[indices]` (stage pt:
+    every token), each sample on its own, under the model saved in `model_dir`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in indices:
+            logits = model(input_ids=torch.tensor([dataset[i]["input_ids"]])).logits[0, :-1]
+            target = torch.tensor(dataset[i].get("labels", dataset[i]["input_ids"])[1:])  # pt: every token
+            kept = target != -100
+            total += torch.nn.functional.cross_entropy(logits[kept], target[kept], reduction="sum").item()
+            count += int(kept.sum())
+    return total / count
+
+
+def _progress_bar_ends(trainer_of):
+    """An HF callback recording HF's training progress bar as (total at the first step, steps
+    shown at the end, total at the end); it runs before HF's ProgressCallback."""
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import ProgressCallback
+
+    class ProgressBarEnds(TrainerCallback):
+        seen: list = []
+
+        def bar(self):
+            handler = trainer_of().callback_handler
+            return next(c for c in handler.callbacks if isinstance(c, ProgressCallback)).training_bar
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                self.seen = [self.bar().total]
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self.seen += [self.bar().n, self.bar().total]
+    return ProgressBarEnds()
 
 
 def _lm_head_rows(trainer):
@@ -144,8 +184,11 @@ def test_groups_mode_trains_each_sample_once_with_the_supervised_logits_only(tra
     def config(out, **extra):
         return _pt(text_model, pt_data, out, odb_enable=True, odb_step="groups", odb_token_budget=512, **extra)
     every, _ = trained(config(tmp_path / "every", odb_supervised_logits=False))
-    trainer, lines = trained(config(tmp_path / "odb", odb_audit_dir=str(tmp_path / "audit")))
+    bar = _progress_bar_ends(lambda: trained.built[0])
+    trainer, lines = trained(config(tmp_path / "odb", odb_audit_dir=str(tmp_path / "audit")), [bar])
     rows = lf_runs.ledger(tmp_path / "audit")
+    estimate, shown, total = bar.seen  # HF's bar ends at the real step count, not at its first estimate
+    assert (shown, total) == (len(rows), len(rows)) and estimate > len(rows)
     assert sorted(i for r in rows for i in r["indices"]) == list(range(48))
     assert [r["micro_steps"] for r in rows][:-1] == [3] * (len(rows) - 1)
     steps = _steps(tmp_path / "odb")
@@ -157,6 +200,9 @@ def test_groups_mode_trains_each_sample_once_with_the_supervised_logits_only(tra
     tokens = trainer.odb_run.progress.input_tokens
     assert tokens == sum(r["input_tokens"] for r in rows)
     assert sum(trainer.logit_rows) < tokens <= sum(every.logit_rows)
+    # the exact loss: step 1's logged loss is its samples' token mean under the initial weights
+    first = _token_mean_loss(text_model, trainer._odb_train_loader.loader.dataset, rows[0]["indices"])
+    assert steps[0]["loss"] == pytest.approx(first, rel=1e-5)
     assert lines[1:] == [
         "ODB: post-balancing off (odb_balance: auto, odb_step: groups (set odb_balance: true to post-balance its "
         "groups))",
@@ -182,20 +228,75 @@ def test_a_resumed_run_continues_the_uninterrupted_one(trained, tmp_path, text_m
 
 def test_dpo_samples_mode_trains_the_standard_model_in_process(trained, tmp_path, text_model, pair_data):
     """Stage dpo, `odb_step: samples`: each pair's DPO loss weighted as Standard's micro-batch
-    means weigh it; the same losses, learning rates and gradient norms (its reward metrics stay
-    means over whatever a micro-batch holds)."""
+    means weigh it; the same losses, learning rates, gradient norms and eval loss (its reward
+    metrics stay means over whatever a micro-batch holds)."""
     def config(out, **extra):
         return base_yaml(text_model, pair_data, out, stage="dpo", dataset="pairs", template="qwen3_nothink",
                          cutoff_len=256, max_samples=48, per_device_train_batch_size=2,
                          gradient_accumulation_steps=3, learning_rate=1e-3, max_grad_norm=1.0, pref_beta=0.1,
-                         seed=3, **extra)
+                         val_size=0.2, per_device_eval_batch_size=4, eval_strategy="no", do_eval=True, seed=3,
+                         **extra)
     trained(config(tmp_path / "std"))
     trainer, _ = trained(config(tmp_path / "odb", odb_enable=True, odb_token_budget=2048))
     assert trainer._odb_train_loader.loader._costed.cost_fn.pad_to_multiple_of == 8
     std, odb = _steps(tmp_path / "std"), _steps(tmp_path / "odb")
-    assert [h["step"] for h in odb] == [h["step"] for h in std] == list(range(1, 9))
+    assert [h["step"] for h in odb] == [h["step"] for h in std] == list(range(1, 8))
     assert any(h["odb/micro_steps_per_optimizer_step"] < 3 for h in odb), "no pairs were grouped"
     for a, b in zip(std, odb):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
         assert b["learning_rate"] == pytest.approx(a["learning_rate"], rel=1e-9)
+
+    evaluated = [json.loads((out / "eval_results.json").read_text()) for out in (tmp_path / "std", tmp_path / "odb")]
+    assert evaluated[1]["eval_loss"] == pytest.approx(evaluated[0]["eval_loss"], rel=1e-5)
+
+def _encoder_stages_on_rank(rank, world, model_type, audio, vision, explicit_ranks_per_node):
+    """The trainer's encoder-stage choice on this rank, for a model of `model_type`: per stage,
+    (name, balancer class, balancer's ranks per node and timeout, its group's size, the group's
+    own timeout, whether it is the default group); the model's patch removed afterwards."""
+    import torch
+    import torch.distributed as dist
+    from types import SimpleNamespace
+
+    from odb_factory.encoder_stage import qwen2_5_omni_patch, qwen3_vl_patch
+    from odb_factory.llamafactory.trainer import ODBTrainerMixin
+    config = SimpleNamespace(sync_timeout_s=37.0, ranks_per_node=explicit_ranks_per_node)
+    model = SimpleNamespace(config=SimpleNamespace(**({"model_type": model_type} if model_type else {})))
+    trainer = SimpleNamespace(_odb=SimpleNamespace(config=config, audio_stage=audio, vision_stage=vision),
+                              model="wrapped", accelerator=SimpleNamespace(unwrap_model={"wrapped": model}.get))
+    try:
+        chosen = ODBTrainerMixin._odb_balance_encoder_stages(trainer)
+        return [(stage, type(b).__name__, b.ranks_per_node, b.timeout_s, dist.get_world_size(b.group),
+                 b.group._get_backend(torch.device("cpu")).options._timeout.total_seconds(),
+                 b.group is dist.group.WORLD) for stage, b in chosen]
+    finally:
+        qwen3_vl_patch.remove()
+        qwen2_5_omni_patch.remove()
+
+
+@pytest.mark.parametrize("model_type,audio,vision,ranks_per_node,expected", [
+    ("qwen3_vl", False, True, None, [("vision", "VisionBalancer", 2)]),
+    (None, False, True, 1, [("vision", "VisionBalancer", 1)]),
+    ("qwen2_5_omni_thinker", True, True, None, [("audio", "AudioBalancer", 2), ("vision", "VisionBalancer", 2)]),
+    ("qwen2_5_omni", False, True, None, [("vision", "VisionBalancer", 2)]),
+    ("qwen2_5_omni", True, False, None, [("audio", "AudioBalancer", 2)]),
+])
+def test_encoder_stages_balance_over_a_group_of_their_own(model_type, audio, vision, ranks_per_node, expected):
+    """On 2 gloo ranks: Qwen3-VL (and a model without a type) balances its vision stage, an Omni
+    thinker each stage its YAML turns on, in that order (audio, vision); over a new group of all
+    ranks (not the default one, whose exchanges DDP and the loader share) with the run's
+    `odb_sync_timeout`, and `odb_ranks_per_node` or every rank on one node."""
+    from tests.helpers.distributed import run_world
+    results = run_world(_encoder_stages_on_rank, 2, model_type, audio, vision, ranks_per_node, timeout=120)
+    assert results[0] == results[1] == [(stage, name, per_node, 37.0, 2, 37.0, False)
+                                        for stage, name, per_node in expected]
+
+
+def test_one_rank_balances_no_encoder_stage():
+    """Without a process group (one process) or on one rank, nothing to re-deal."""
+    from types import SimpleNamespace
+
+    from odb_factory.llamafactory.trainer import ODBTrainerMixin
+    assert ODBTrainerMixin._odb_balance_encoder_stages(SimpleNamespace()) == []
+    from tests.helpers.distributed import run_world
+    assert run_world(_encoder_stages_on_rank, 1, "qwen3_vl", False, True, None) == [[]]
