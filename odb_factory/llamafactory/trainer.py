@@ -116,7 +116,7 @@ class ODBTrainerMixin:
         from transformers.trainer_callback import ProgressCallback
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, ProgressCallback):
-                return getattr(callback, "training_bar", None)
+                return callback.training_bar
         return None
 
     def _odb_choose_padding_free(self, model: Any) -> Optional[str]:
@@ -202,8 +202,7 @@ class ODBTrainerMixin:
             pad_to_multiple_of=getattr(self.data_collator, "pad_to_multiple_of", None) or 1,
             vision_token_ids=tuple(vision_ids),
             audio_token_ids=(audio_id,) if audio_id is not None else (),
-            spatial_merge_size=getattr(vision_config, "spatial_merge_size", 2),
-            balance=odb.config.balance)
+            spatial_merge_size=getattr(vision_config, "spatial_merge_size", 2))
         collate = LFCollate(self.data_collator)
         if odb.padding_free:
             tokenizer = getattr(self.data_collator, "tokenizer", None)

@@ -91,3 +91,41 @@ def test_dpo_refuses_groups_mode_and_padding_free_and_other_stages_keep_their_re
     kto = base_yaml(text_model, pair_data, tmp_path / "o", stage="kto", dataset="pairs", template="qwen3_nothink")
     with pytest.raises(ValueError, match=r"applies to stage \['sft', 'pt', 'dpo'\]; this run has stage 'kto'"):
         get_train_args(dict(kto, odb_enable=True))
+
+
+@pytest.mark.parametrize("upstream_losses", ["none", "other shape", "other mean"])
+def test_a_dpo_trainer_whose_loss_is_not_the_pair_mean_is_refused(upstream_losses):
+    """The pair weights multiply the per-pair losses the DPO trainer averaged: a trainer that did
+    not report them through compute_preference_loss, or whose loss is not their mean, is refused
+    by name rather than mis-weighted; with them, the loss is Σ weight · pair loss."""
+    import torch
+
+    from odb_factory.llamafactory.pairwise import ODBPairwiseTrainerMixin
+
+    class Upstream:
+        def compute_preference_loss(self, *args, **kwargs):
+            return torch.tensor([1.0, 3.0]), None, None
+
+        def get_batch_loss_metrics(self, model, batch, train_eval="train"):
+            if upstream_losses == "none":
+                return torch.tensor(2.0), {}
+            losses, _, _ = self.compute_preference_loss(batch)
+            mean = {"other mean": torch.tensor(2.5), "other shape": losses.mean()}.get(upstream_losses, losses.mean())
+            return mean, {"rewards": 1.0}
+
+    class Trainer(ODBPairwiseTrainerMixin, Upstream):
+        pass
+
+    trainer = object.__new__(Trainer)
+    trainer._odb_pair_weights = torch.tensor([0.25, 0.5, 0.25]) if upstream_losses == "other shape" else \
+        torch.tensor([0.25, 0.5])
+    with pytest.raises(RuntimeError, match="^ODB stage dpo: the DPO trainer's loss is not the mean of the per-pair "
+                                           r"losses compute_preference_loss returned \(LLaMA-Factory 0.9.5's "
+                                           r"CustomDPOTrainer; docs/upstream_contract.md\)$"):
+        trainer.get_batch_loss_metrics(None, {})
+    upstream_losses = "pair mean"
+    trainer._odb_pair_weights = torch.tensor([0.25, 0.5])
+    loss, metrics = trainer.get_batch_loss_metrics(None, {})
+    assert loss.item() == 0.25 * 1.0 + 0.5 * 3.0 and metrics == {"rewards": 1.0}
+    trainer._odb_pair_weights = None  # evaluation: the trainer's own mean
+    assert trainer.get_batch_loss_metrics(None, {})[0].item() == 2.0

@@ -62,9 +62,9 @@ def trained(run_exp, monkeypatch):
     return train
 
 
-def _pt(model, data, out, **extra):
+def _pt(model, data, out, max_samples=48, **extra):
     return base_yaml(model, data, out, stage="pt", dataset="docs", template="qwen3_nothink", cutoff_len=256,
-                     max_samples=48, per_device_train_batch_size=2, gradient_accumulation_steps=3,
+                     max_samples=max_samples, per_device_train_batch_size=2, gradient_accumulation_steps=3,
                      learning_rate=2e-3, warmup_ratio=0.1, max_grad_norm=1.0, seed=3, **extra)
 
 
@@ -154,18 +154,23 @@ def test_samples_mode_trains_the_standard_model_in_process(trained, tmp_path, te
 
 def test_a_vision_model_hands_its_token_ids_and_collator_on_to_the_loader(trained, tmp_path, tiny_model, demo_data):
     """Tiny Qwen3-VL, stage sft: the loader plans with the model's image and video placeholder
-    ids, the collator's padding multiple, `data_seed` over `seed`, at least one worker, and the
-    loss a model with a processor gets from LLaMA-Factory (each micro-batch's mean,
-    `micro_mean`); and still trains Standard's model."""
+    ids (and an audio one, under the name the Omni configs give it), the collator's padding
+    multiple, `data_seed` over `seed`, at least one worker, and the loss a model with a
+    processor gets from LLaMA-Factory (each micro-batch's mean, `micro_mean`); and still trains
+    Standard's model."""
+    import shutil
+    model = shutil.copytree(tiny_model, tmp_path / "model")
+    model_config = dict(json.loads((model / "config.json").read_text()), audio_token_index=2099)
+    (model / "config.json").write_text(json.dumps(model_config))
+
     def config(out, **extra):
-        return base_yaml(tiny_model, demo_data, out, data_seed=11, dataloader_num_workers=0, max_samples=24,
+        return base_yaml(model, demo_data, out, data_seed=11, dataloader_num_workers=0, max_samples=24,
                          gradient_accumulation_steps=2, **extra)
     trained(config(tmp_path / "std"))
     trainer, _ = trained(config(tmp_path / "odb", odb_enable=True))
-    model_config = json.loads((tiny_model / "config.json").read_text())
     loader_config = trainer._odb_train_loader.loader.config
     assert loader_config.vision_token_ids == (model_config["image_token_id"], model_config["video_token_id"])
-    assert loader_config.audio_token_ids == ()
+    assert loader_config.audio_token_ids == (2099,)
     assert loader_config.pad_to_multiple_of == trainer.data_collator.pad_to_multiple_of == 8
     assert (loader_config.seed, loader_config.num_workers, loader_config.standard_batch_size) == (11, 1, 2)
     assert (loader_config.gradient_accumulation_steps, loader_config.loss_scaling) == (2, "micro_mean")
@@ -210,6 +215,20 @@ def test_groups_mode_trains_each_sample_once_with_the_supervised_logits_only(tra
         "samples per rank; the number of samples per optimizer step is logged as odb/samples_per_optimizer_step"]
 
 
+
+@pytest.mark.parametrize("max_steps,total", [(0, 2 * 24), (1, 24)])
+def test_the_sample_progress_spans_the_runs_epochs(trained, tmp_path, text_model, pt_data, max_steps, total):
+    """Groups mode's schedule runs on the fraction of the run's samples trained: two epochs'
+    samples when the epochs bound the run (`max_steps` unset or 0), one epoch's when
+    `max_steps` does; each epoch's samples trained once."""
+    trainer, _ = trained(_pt(text_model, pt_data, tmp_path / "odb", odb_enable=True, odb_step="groups",
+                             odb_token_budget=512, max_samples=24, num_train_epochs=2, max_steps=max_steps))
+    progress = trainer.odb_run.progress
+    assert progress.total == total
+    if not max_steps:
+        assert progress.consumed == total and _steps(tmp_path / "odb")[-1]["epoch"] == 2
+
+
 @pytest.mark.parametrize("step_mode", ["groups", "samples"])
 def test_a_resumed_run_continues_the_uninterrupted_one(trained, tmp_path, text_model, pt_data, step_mode):
     """A run resumed from its checkpoint at step 3 logs the uninterrupted run's later steps: the
@@ -247,8 +266,11 @@ def test_dpo_samples_mode_trains_the_standard_model_in_process(trained, tmp_path
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
         assert b["learning_rate"] == pytest.approx(a["learning_rate"], rel=1e-9)
 
-    evaluated = [json.loads((out / "eval_results.json").read_text()) for out in (tmp_path / "std", tmp_path / "odb")]
-    assert evaluated[1]["eval_loss"] == pytest.approx(evaluated[0]["eval_loss"], rel=1e-5)
+    std_eval, odb_eval = (json.loads((out / "eval_results.json").read_text()) for out in (tmp_path / "std",
+                                                                                          tmp_path / "odb"))
+    assert sorted(odb_eval) == sorted(std_eval) and "eval_rewards/margins" in odb_eval
+    for key in ("eval_loss", "eval_rewards/chosen", "eval_rewards/margins", "eval_logps/chosen"):
+        assert odb_eval[key] == pytest.approx(std_eval[key], rel=1e-5), key
 
 def _encoder_stages_on_rank(rank, world, model_type, audio, vision, explicit_ranks_per_node):
     """The trainer's encoder-stage choice on this rank, for a model of `model_type`: per stage,
@@ -300,3 +322,62 @@ def test_one_rank_balances_no_encoder_stage():
     assert ODBTrainerMixin._odb_balance_encoder_stages(SimpleNamespace()) == []
     from tests.helpers.distributed import run_world
     assert run_world(_encoder_stages_on_rank, 1, "qwen3_vl", False, True, None) == [[]]
+
+
+def _input_tokens_of_all_ranks(rank, world):
+    from types import SimpleNamespace
+
+    from odb_factory.llamafactory.trainer import ODBTrainerMixin
+    trainer = SimpleNamespace(odb_run=SimpleNamespace(progress=SimpleNamespace(input_tokens=2 ** 40 + 3 * rank)))
+    return ODBTrainerMixin._odb_input_tokens_all_ranks(trainer)
+
+
+def test_the_input_tokens_metric_sums_every_rank_exactly():
+    """`odb_input_tokens` (what the tokens-per-second figure reads): every rank's trained input
+    tokens, summed exactly beyond float32's integers; one process alone counts its own."""
+    from tests.helpers.distributed import run_world
+    assert run_world(_input_tokens_of_all_ranks, 3) == [3 * 2 ** 40 + 9] * 3
+    assert _input_tokens_of_all_ranks(0, 1) == 2 ** 40
+
+
+def test_padding_free_is_settled_by_the_loaded_model_where_the_recipe_could_not():
+    """A model the parser could not read (a hub id) is settled by the trainer: by its type and
+    whether its decoder runs flash attention (packed rows then attend through varlen kernels;
+    without it `odb_packed_attention: mask` would build dense masks, so padded groups), each
+    choice logged with its reason; an earlier decision stands."""
+    from types import SimpleNamespace
+
+    from odb_factory.llamafactory.arguments import parse_odb_arguments
+    from odb_factory.llamafactory.trainer import ODBTrainerMixin
+
+    lines = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    odb_logger = logging.getLogger("odb_factory")
+    level = odb_logger.level
+    odb_logger.addHandler(handler)
+    odb_logger.setLevel(logging.INFO)
+
+    def choose(model_type, attention, packed_attention="mask", options=None):
+        options = options or parse_odb_arguments({"odb_enable": True, "odb_packed_attention": packed_attention})
+        model = SimpleNamespace(config=SimpleNamespace(model_type=model_type, _attn_implementation=attention))
+        return ODBTrainerMixin._odb_choose_padding_free(SimpleNamespace(_odb=options), model), options
+    try:
+        chosen, options = choose("qwen3", "flash_attention_2")
+        assert (chosen, options.padding_free) == ("varlen", True)
+        assert choose("gemma3", "sdpa", options=options)[0] == "mask"  # decided: the type no longer asks
+        assert choose("qwen3", "sdpa")[0] is None
+        assert choose("gemma3", "flash_attention_2", "segments")[0] is None
+        assert ODBTrainerMixin._odb_choose_padding_free(SimpleNamespace(), None) is None
+    finally:
+        odb_logger.removeHandler(handler)
+        odb_logger.setLevel(level)
+    assert lines == [
+        "ODB: padding-free groups (model type 'qwen3' trains packed rows with per-sample attention, so a group "
+        "costs its real tokens); packed rows attend per sample through flash attention's varlen kernels",
+        "ODB: padding-free groups (model type 'qwen3' trains packed rows with per-sample attention, so a group "
+        "costs its real tokens); packed rows attend through transformers' dense (Σ len)² block-causal mask "
+        "(odb_packed_attention: mask)",
+        "ODB: padded groups (odb_packed_attention: mask without flash attention builds a dense (Σ len)² mask per "
+        "row, which can cost more than the padding)",
+        "ODB: padded groups (model type 'gemma3' is not verified for packed rows)"]
