@@ -124,8 +124,9 @@ def test_a_dpo_trainer_whose_loss_is_not_the_pair_mean_is_refused(upstream_losse
                                            r"CustomDPOTrainer; docs/upstream_contract.md\)$"):
         trainer.get_batch_loss_metrics(None, {})
     upstream_losses = "pair mean"
-    trainer._odb_pair_weights = torch.tensor([0.25, 0.5])
+    trainer._odb_pair_weights = torch.tensor([0.25, 0.5], dtype=torch.float64)  # as the loader hands them on
     loss, metrics = trainer.get_batch_loss_metrics(None, {})
     assert loss.item() == 0.25 * 1.0 + 0.5 * 3.0 and metrics == {"rewards": 1.0}
+    assert loss.dtype == torch.float32  # the losses' own
     trainer._odb_pair_weights = None  # evaluation: the trainer's own mean
     assert trainer.get_batch_loss_metrics(None, {})[0].item() == 2.0

@@ -135,6 +135,10 @@ def test_samples_mode_trains_the_standard_model_in_process(trained, tmp_path, te
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
         assert b["odb/samples_per_optimizer_step"] == 6
     assert trainer.args.ignore_data_skip  # ODB restores its own data position on resume
+    # ODB's lines go out through LLaMA-Factory's handlers, info lines included on the main process
+    odb_logger = logging.getLogger("odb_factory")
+    assert set(logging.getLogger("llamafactory").handlers) <= set(odb_logger.handlers)
+    assert odb_logger.level == logging.INFO
     loader = trainer._odb_train_loader.loader
     assert loader._sample_loader._iterator is None and loader._collate_loader._iterator is None
     tokens = sum(len(loader.dataset[i]["input_ids"]) for i in range(len(loader.dataset)))
@@ -183,18 +187,22 @@ def test_a_vision_model_hands_its_token_ids_and_collator_on_to_the_loader(traine
 
 def test_groups_mode_trains_each_sample_once_with_the_supervised_logits_only(trained, tmp_path, text_model,
                                                                            pt_data):
-    """`odb_step: groups`: each of the 48 documents once in the audit ledger, 3 token-budgeted
-    groups per optimizer step (the start-up warning says so), the exact loss; computing the
-    logits at the supervised positions only changes no logged loss."""
+    """`odb_step: groups`: each of the 48 training documents once in the audit ledger, 3
+    token-budgeted groups per optimizer step (the start-up warning says so), the exact loss;
+    computing the logits at the supervised positions only changes no logged loss, and
+    evaluation (HF's own loop) still reads every position."""
     def config(out, **extra):
-        return _pt(text_model, pt_data, out, odb_enable=True, odb_step="groups", odb_token_budget=512, **extra)
+        return _pt(text_model, pt_data, out, odb_enable=True, odb_step="groups", odb_token_budget=512, max_samples=56,
+                   val_size=8, do_eval=True, eval_strategy="no", per_device_eval_batch_size=4, **extra)
     every, _ = trained(config(tmp_path / "every", odb_supervised_logits=False))
     bar = _progress_bar_ends(lambda: trained.built[0])
     trainer, lines = trained(config(tmp_path / "odb", odb_audit_dir=str(tmp_path / "audit")), [bar])
     rows = lf_runs.ledger(tmp_path / "audit")
+    samples = len(trainer.train_dataset)
+    assert samples == 56 - 8
     estimate, shown, total = bar.seen  # HF's bar ends at the real step count, not at its first estimate
-    assert (shown, total) == (len(rows), len(rows)) and estimate > len(rows)
-    assert sorted(i for r in rows for i in r["indices"]) == list(range(48))
+    assert (shown, total) == (len(rows), len(rows)) and estimate != len(rows)
+    assert sorted(i for r in rows for i in r["indices"]) == list(range(samples))
     assert [r["micro_steps"] for r in rows][:-1] == [3] * (len(rows) - 1)
     steps = _steps(tmp_path / "odb")
     assert [h["step"] for h in steps] == [r["step"] for r in rows] == list(range(1, len(rows) + 1))
@@ -202,6 +210,9 @@ def test_groups_mode_trains_each_sample_once_with_the_supervised_logits_only(tra
     for a, b in zip(_steps(tmp_path / "every"), steps):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-6)
     assert trainer._odb_loss == "exact"
+    # evaluation reads every position's logits, in either run
+    evaluated = [json.loads((tmp_path / out / "eval_results.json").read_text())["eval_loss"] for out in ("every", "odb")]
+    assert evaluated[1] == pytest.approx(evaluated[0], rel=1e-6)
     tokens = trainer.odb_run.progress.input_tokens
     assert tokens == sum(r["input_tokens"] for r in rows)
     assert sum(trainer.logit_rows) < tokens <= sum(every.logit_rows)
