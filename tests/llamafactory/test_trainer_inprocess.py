@@ -159,7 +159,7 @@ def test_samples_mode_trains_the_standard_model_in_process(trained, tmp_path, te
 def test_a_vision_model_hands_its_token_ids_and_collator_on_to_the_loader(trained, tmp_path, tiny_model, demo_data):
     """Tiny Qwen3-VL, stage sft: the loader plans with the model's image and video placeholder
     ids (and an audio one, under the name the Omni configs give it), the collator's padding
-    multiple, `data_seed` over `seed`, at least one worker, and the loss a model with a
+    multiple, packed rows cut at `odb_padding_free_row_tokens` and padded with the tokenizer's id, `data_seed` over `seed`, at least one worker, and the loss a model with a
     processor gets from LLaMA-Factory (each micro-batch's mean, `micro_mean`); and still trains
     Standard's model."""
     import shutil
@@ -171,7 +171,11 @@ def test_a_vision_model_hands_its_token_ids_and_collator_on_to_the_loader(traine
         return base_yaml(model, demo_data, out, data_seed=11, dataloader_num_workers=0, max_samples=24,
                          gradient_accumulation_steps=2, **extra)
     trained(config(tmp_path / "std"))
-    trainer, _ = trained(config(tmp_path / "odb", odb_enable=True))
+    trainer, _ = trained(config(tmp_path / "odb", odb_enable=True, odb_padding_free_row_tokens=384))
+    # packed rows of at most odb_padding_free_row_tokens, completed with the tokenizer's padding
+    collate = trainer._odb_train_loader.loader.collate_fn
+    assert (collate.row_tokens, collate.pad_token_id) == (384, trainer.data_collator.tokenizer.pad_token_id)
+    assert collate.pad_token_id not in (None, 0)
     loader_config = trainer._odb_train_loader.loader.config
     assert loader_config.vision_token_ids == (model_config["image_token_id"], model_config["video_token_id"])
     assert loader_config.audio_token_ids == (2099,)
