@@ -165,7 +165,7 @@ class ODBTrainerMixin:
         options = dict(ranks_per_node=ranks_per_node(config.ranks_per_node, dist.get_world_size()),
                        timeout_s=config.sync_timeout_s)
         model = self.accelerator.unwrap_model(self.model)
-        if getattr(model.config, "model_type", "").startswith("qwen2_5_omni"):
+        if model.config.model_type.startswith("qwen2_5_omni"):
             from ..encoder_stage import qwen2_5_omni_patch
             stages = tuple(s for s, on in (("audio", self._odb.audio_stage),
                                            ("vision", self._odb.vision_stage)) if on)

@@ -298,7 +298,7 @@ def _encoder_stages_on_rank(rank, world, model_type, audio, vision, explicit_ran
     from odb_factory.encoder_stage import qwen2_5_omni_patch, qwen3_vl_patch
     from odb_factory.llamafactory.trainer import ODBTrainerMixin
     config = SimpleNamespace(sync_timeout_s=37.0, ranks_per_node=explicit_ranks_per_node)
-    model = SimpleNamespace(config=SimpleNamespace(**({"model_type": model_type} if model_type else {})))
+    model = SimpleNamespace(config=SimpleNamespace(model_type=model_type))
     trainer = SimpleNamespace(_odb=SimpleNamespace(config=config, audio_stage=audio, vision_stage=vision),
                               model="wrapped", accelerator=SimpleNamespace(unwrap_model={"wrapped": model}.get))
     try:
@@ -313,13 +313,13 @@ def _encoder_stages_on_rank(rank, world, model_type, audio, vision, explicit_ran
 
 @pytest.mark.parametrize("model_type,audio,vision,ranks_per_node,expected", [
     ("qwen3_vl", False, True, None, [("vision", "VisionBalancer", 2)]),
-    (None, False, True, 1, [("vision", "VisionBalancer", 1)]),
+    ("qwen3_vl", False, True, 1, [("vision", "VisionBalancer", 1)]),
     ("qwen2_5_omni_thinker", True, True, None, [("audio", "AudioBalancer", 2), ("vision", "VisionBalancer", 2)]),
     ("qwen2_5_omni", False, True, None, [("vision", "VisionBalancer", 2)]),
     ("qwen2_5_omni", True, False, None, [("audio", "AudioBalancer", 2)]),
 ])
 def test_encoder_stages_balance_over_a_group_of_their_own(model_type, audio, vision, ranks_per_node, expected):
-    """On 2 gloo ranks: Qwen3-VL (and a model without a type) balances its vision stage, an Omni
+    """On 2 gloo ranks: Qwen3-VL balances its vision stage, an Omni
     thinker each stage its YAML turns on, in that order (audio, vision); over a new group of all
     ranks (not the default one, whose exchanges DDP and the loader share) with the run's
     `odb_sync_timeout`, and `odb_ranks_per_node` or every rank on one node."""
