@@ -20,13 +20,13 @@ pytest.importorskip("llamafactory")
 
 @pytest.fixture(scope="module")
 def run_exp(lf):
-    """LLaMA-Factory's `run_exp` with the patches applied (`lf`), offline."""
-    import os
-    for key, value in lf_runs.env().items():
-        if key.endswith("_OFFLINE") or key in ("DISABLE_VERSION_CHECK", "TOKENIZERS_PARALLELISM"):
-            os.environ.setdefault(key, value)
-    from llamafactory.train.tuner import run_exp
-    return run_exp
+    """LLaMA-Factory's `run_exp` with the patches applied (`lf`), offline (for this module only)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in lf_runs.env().items():
+            if key.endswith("_OFFLINE") or key in ("DISABLE_VERSION_CHECK", "TOKENIZERS_PARALLELISM"):
+                patch.setenv(key, value)
+        from llamafactory.train.tuner import run_exp
+        yield run_exp
 
 
 @pytest.fixture
@@ -96,7 +96,8 @@ def _progress_bar_ends(trainer_of):
     from transformers.trainer_callback import ProgressCallback
 
     class ProgressBarEnds(TrainerCallback):
-        seen: list = []
+        def __init__(self):
+            self.seen = []
 
         def bar(self):
             handler = trainer_of().callback_handler
@@ -155,13 +156,13 @@ def test_samples_mode_trains_the_standard_model_in_process(trained, tmp_path, te
         "ODB: post-balancing off (odb_balance: auto, one rank: nothing to re-deal)"]
 
 
-
 def test_a_vision_model_hands_its_token_ids_and_collator_on_to_the_loader(trained, tmp_path, tiny_model, demo_data):
     """Tiny Qwen3-VL, stage sft: the loader plans with the model's image and video placeholder
     ids (and an audio one, under the name the Omni configs give it), the collator's padding
-    multiple, packed rows cut at `odb_padding_free_row_tokens` and padded with the tokenizer's id, `data_seed` over `seed`, at least one worker, and the loss a model with a
-    processor gets from LLaMA-Factory (each micro-batch's mean, `micro_mean`); and still trains
-    Standard's model."""
+    multiple, packed rows cut at `odb_padding_free_row_tokens` and padded with the tokenizer's
+    id, `data_seed` over `seed`, at least one worker, and the loss a model with a processor gets
+    from LLaMA-Factory (each micro-batch's mean, `micro_mean`); and still trains Standard's
+    model."""
     import shutil
     model = shutil.copytree(tiny_model, tmp_path / "model")
     model_config = dict(json.loads((model / "config.json").read_text()), audio_token_index=2099)
@@ -196,8 +197,9 @@ def test_groups_mode_trains_each_sample_once_with_the_supervised_logits_only(tra
     computing the logits at the supervised positions only changes no logged loss, and
     evaluation (HF's own loop) still reads every position."""
     def config(out, **extra):
-        return _pt(text_model, pt_data, out, odb_enable=True, odb_step="groups", odb_token_budget=512, max_samples=56,
-                   val_size=8, do_eval=True, eval_strategy="no", per_device_eval_batch_size=4, **extra)
+        return _pt(text_model, pt_data, out, odb_enable=True, odb_step="groups", odb_token_budget=512,
+                   max_samples=56, val_size=8, do_eval=True, eval_strategy="no", per_device_eval_batch_size=4,
+                   **extra)
     every, _ = trained(config(tmp_path / "every", odb_supervised_logits=False))
     bar = _progress_bar_ends(lambda: trained.built[0])
     trainer, lines = trained(config(tmp_path / "odb", odb_audit_dir=str(tmp_path / "audit")), [bar])
@@ -215,7 +217,8 @@ def test_groups_mode_trains_each_sample_once_with_the_supervised_logits_only(tra
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-6)
     assert trainer._odb_loss == "exact"
     # evaluation reads every position's logits, in either run
-    evaluated = [json.loads((tmp_path / out / "eval_results.json").read_text())["eval_loss"] for out in ("every", "odb")]
+    evaluated = [json.loads((tmp_path / out / "eval_results.json").read_text())["eval_loss"]
+                 for out in ("every", "odb")]
     assert evaluated[1] == pytest.approx(evaluated[0], rel=1e-6)
     tokens = trainer.odb_run.progress.input_tokens
     assert tokens == sum(r["input_tokens"] for r in rows)
@@ -228,7 +231,6 @@ def test_groups_mode_trains_each_sample_once_with_the_supervised_logits_only(tra
         "groups))",
         "ODB: odb_step: groups: every optimizer step holds 3 token-budgeted groups per rank, not the recipe's 6 "
         "samples per rank; the number of samples per optimizer step is logged as odb/samples_per_optimizer_step"]
-
 
 
 @pytest.mark.parametrize("max_steps,total", [(0, 2 * 24), (1, 24)])
@@ -280,12 +282,12 @@ def test_dpo_samples_mode_trains_the_standard_model_in_process(trained, tmp_path
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
         assert b["learning_rate"] == pytest.approx(a["learning_rate"], rel=1e-9)
-
     std_eval, odb_eval = (json.loads((out / "eval_results.json").read_text()) for out in (tmp_path / "std",
                                                                                           tmp_path / "odb"))
     assert sorted(odb_eval) == sorted(std_eval) and "eval_rewards/margins" in odb_eval
     for key in ("eval_loss", "eval_rewards/chosen", "eval_rewards/margins", "eval_logps/chosen"):
         assert odb_eval[key] == pytest.approx(std_eval[key], rel=1e-5), key
+
 
 def _encoder_stages_on_rank(rank, world, model_type, audio, vision, explicit_ranks_per_node):
     """The trainer's encoder-stage choice on this rank, for a model of `model_type`: per stage,
