@@ -110,8 +110,7 @@ def test_a_dpo_trainer_whose_loss_is_not_the_pair_mean_is_refused(upstream_losse
             if upstream_losses == "none":
                 return torch.tensor(2.0), {}
             losses, _, _ = self.compute_preference_loss(batch)
-            mean = {"other mean": torch.tensor(2.5), "other shape": losses.mean()}.get(upstream_losses, losses.mean())
-            return mean, {"rewards": 1.0}
+            return (torch.tensor(2.5) if upstream_losses == "other mean" else losses.mean()), {"rewards": 1.0}
 
     class Trainer(ODBPairwiseTrainerMixin, Upstream):
         pass
@@ -123,10 +122,10 @@ def test_a_dpo_trainer_whose_loss_is_not_the_pair_mean_is_refused(upstream_losse
                                            r"losses compute_preference_loss returned \(LLaMA-Factory 0.9.5's "
                                            r"CustomDPOTrainer; docs/upstream_contract.md\)$"):
         trainer.get_batch_loss_metrics(None, {})
-    upstream_losses = "pair mean"
-    trainer._odb_pair_weights = torch.tensor([0.25, 0.5], dtype=torch.float64)  # as the loader hands them on
+    upstream_losses = "pair mean"  # from here on, Upstream averages its per-pair losses
+    trainer._odb_pair_weights = torch.tensor([0.25, 0.5], dtype=torch.float64)
     loss, metrics = trainer.get_batch_loss_metrics(None, {})
     assert loss.item() == 0.25 * 1.0 + 0.5 * 3.0 and metrics == {"rewards": 1.0}
-    assert loss.dtype == torch.float32  # the losses' own
+    assert loss.dtype == torch.float32  # the losses' own, whatever the weights' dtype
     trainer._odb_pair_weights = None  # evaluation: the trainer's own mean
     assert trainer.get_batch_loss_metrics(None, {})[0].item() == 2.0

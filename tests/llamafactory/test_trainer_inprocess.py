@@ -49,14 +49,19 @@ def trained(run_exp, monkeypatch):
         handler = logging.Handler(logging.DEBUG)
         handler.emit = lambda record: lines.append(record.getMessage())
         odb_logger = logging.getLogger("odb_factory")
+        handlers, level = odb_logger.handlers[:], odb_logger.level
         odb_logger.addHandler(handler)
         try:
             children = set(multiprocessing.active_children())
             run_exp(config, callbacks)
             # the loader's worker processes end with the training
             assert set(multiprocessing.active_children()) <= children
+            train.logger_after = (set(odb_logger.handlers) - {handler}, odb_logger.level)
         finally:
-            odb_logger.removeHandler(handler)
+            # the trainer hands the logger LLaMA-Factory's handlers for the rest of its process:
+            # the next test in this one gets it back as it was
+            odb_logger.handlers[:] = handlers
+            odb_logger.setLevel(level)
         return (built[0] if built else None), lines
     train.built = built
     return train
@@ -137,9 +142,9 @@ def test_samples_mode_trains_the_standard_model_in_process(trained, tmp_path, te
         assert b["odb/samples_per_optimizer_step"] == 6
     assert trainer.args.ignore_data_skip  # ODB restores its own data position on resume
     # ODB's lines go out through LLaMA-Factory's handlers, info lines included on the main process
-    odb_logger = logging.getLogger("odb_factory")
-    assert set(logging.getLogger("llamafactory").handlers) <= set(odb_logger.handlers)
-    assert odb_logger.level == logging.INFO
+    handlers, level = trained.logger_after
+    assert set(logging.getLogger("llamafactory").handlers) <= handlers and handlers
+    assert level == logging.INFO
     loader = trainer._odb_train_loader.loader
     assert loader._sample_loader._iterator is None and loader._collate_loader._iterator is None
     tokens = sum(len(loader.dataset[i]["input_ids"]) for i in range(len(loader.dataset)))
