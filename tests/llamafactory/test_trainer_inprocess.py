@@ -6,6 +6,7 @@ test_stage_pt.py; one rank in-process takes about 2 s a run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -45,26 +46,36 @@ def trained(run_exp, monkeypatch):
 
     def train(config, callbacks=None):
         built.clear()
-        lines = []
-        handler = logging.Handler(logging.DEBUG)
-        handler.emit = lambda record: lines.append(record.getMessage())
-        odb_logger = logging.getLogger("odb_factory")
-        handlers, level = odb_logger.handlers[:], odb_logger.level
-        odb_logger.addHandler(handler)
-        try:
+        with _odb_log_lines() as (lines, odb_logger):
+            before = set(odb_logger.handlers)
             children = set(multiprocessing.active_children())
             run_exp(config, callbacks)
             # the loader's worker processes end with the training
             assert set(multiprocessing.active_children()) <= children
-            train.logger_after = (set(odb_logger.handlers) - {handler}, odb_logger.level)
-        finally:
-            # the trainer hands the logger LLaMA-Factory's handlers for the rest of its process:
-            # the next test in this one gets it back as it was
-            odb_logger.handlers[:] = handlers
-            odb_logger.setLevel(level)
+            train.logger_after = (set(odb_logger.handlers) - before, odb_logger.level)
         return (built[0] if built else None), lines
     train.built = built
     return train
+
+
+@contextlib.contextmanager
+def _odb_log_lines(level=None):
+    """(the messages the `odb_factory` logger emits meanwhile, the logger), at `level` if given;
+    afterwards the logger's handlers and level are as they were (the trainer hands it
+    LLaMA-Factory's handlers for the rest of its process, which later tests would see)."""
+    lines = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    odb_logger = logging.getLogger("odb_factory")
+    handlers, previous = odb_logger.handlers[:], odb_logger.level
+    odb_logger.addHandler(handler)
+    if level is not None:
+        odb_logger.setLevel(level)
+    try:
+        yield lines, odb_logger
+    finally:
+        odb_logger.handlers[:] = handlers
+        odb_logger.setLevel(previous)
 
 
 def _pt(model, data, out, max_samples=48, **extra):
@@ -372,28 +383,17 @@ def test_padding_free_is_settled_by_the_loaded_model_where_the_recipe_could_not(
     from odb_factory.llamafactory.arguments import parse_odb_arguments
     from odb_factory.llamafactory.trainer import ODBTrainerMixin
 
-    lines = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: lines.append(record.getMessage())
-    odb_logger = logging.getLogger("odb_factory")
-    level = odb_logger.level
-    odb_logger.addHandler(handler)
-    odb_logger.setLevel(logging.INFO)
-
     def choose(model_type, attention, packed_attention="mask", options=None):
         options = options or parse_odb_arguments({"odb_enable": True, "odb_packed_attention": packed_attention})
         model = SimpleNamespace(config=SimpleNamespace(model_type=model_type, _attn_implementation=attention))
         return ODBTrainerMixin._odb_choose_padding_free(SimpleNamespace(_odb=options), model), options
-    try:
+    with _odb_log_lines(logging.INFO) as (lines, _):
         chosen, options = choose("qwen3", "flash_attention_2")
         assert (chosen, options.padding_free) == ("varlen", True)
         assert choose("gemma3", "sdpa", options=options)[0] == "mask"  # decided: the type no longer asks
         assert choose("qwen3", "sdpa")[0] is None
         assert choose("gemma3", "flash_attention_2", "segments")[0] is None
         assert ODBTrainerMixin._odb_choose_padding_free(SimpleNamespace(), None) is None
-    finally:
-        odb_logger.removeHandler(handler)
-        odb_logger.setLevel(level)
     assert lines == [
         "ODB: padding-free groups (model type 'qwen3' trains packed rows with per-sample attention, so a group "
         "costs its real tokens); packed rows attend per sample through flash attention's varlen kernels",
