@@ -27,13 +27,13 @@ class PairCost:
     pair's one term in the DPO loss's mean; vision patches and audio frames count both rows
     (the collator gives each row the pair's images). Picklable: it runs in the workers."""
 
-    def __init__(self, side_cost: DefaultCost, pad_to_multiple_of: int = 1):
+    def __init__(self, side_cost: DefaultCost, pad_to_multiple_of: int):
         self.side_cost = side_cost
-        self.pad_to_multiple_of = max(1, pad_to_multiple_of)
+        self.pad_to_multiple_of = pad_to_multiple_of  # ODBConfig's, at least 1
 
     def __call__(self, pair: Any) -> SampleCost:
-        sides = [self.side_cost({"input_ids": pair[prefix + "input_ids"], "labels": pair[prefix + "labels"]})
-                 for prefix, _ in PAIR_SIDES]
+        # a side's labels are not read: the pair is one term of the loss, whatever it supervises
+        sides = [self.side_cost({"input_ids": pair[prefix + "input_ids"]}) for prefix, _ in PAIR_SIDES]
         row = padded_length(max(side.input_tokens for side in sides), self.pad_to_multiple_of)
         return SampleCost(2 * row, 1, sum(s.vision_patches for s in sides), sum(s.audio_frames for s in sides))
 
@@ -62,9 +62,9 @@ class ODBPairwiseTrainerMixin(ODBTrainerMixin):
         self._odb_pair_losses = losses
         return losses, chosen_rewards, rejected_rewards
 
-    def get_batch_loss_metrics(self, model, batch, train_eval="train"):
+    def get_batch_loss_metrics(self, model, batch, *args, **kwargs):
         self._odb_pair_losses = None
-        mean, metrics = super().get_batch_loss_metrics(model, batch, train_eval)
+        mean, metrics = super().get_batch_loss_metrics(model, batch, *args, **kwargs)
         weights = self._odb_pair_weights
         if weights is None:
             return mean, metrics

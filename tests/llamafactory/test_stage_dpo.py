@@ -73,6 +73,24 @@ def test_a_pair_costs_the_rows_the_collator_builds(text_model, pair_data, tmp_pa
         assert all((s.cost.vision_patches, s.cost.audio_frames) == (0, 0) for s in group)
 
 
+def test_a_pair_counts_the_media_tokens_of_both_sides():
+    """Vision patches and audio frames of a pair: both rows', each counted from its own
+    placeholder tokens (the collator gives each row the pair's media); its LLM cost stays two
+    rows of the longer side, padded, and its loss term one."""
+    from odb_factory.cost import FRAMES_PER_AUDIO_TOKEN, DefaultCost
+    from odb_factory.llamafactory.pairwise import PairCost
+
+    vision, audio = 7, 9
+    cost = PairCost(DefaultCost(vision_token_ids=(vision,), spatial_merge_size=2, audio_token_ids=(audio,)),
+                    pad_to_multiple_of=4)
+    pair = {"chosen_input_ids": [1, vision, vision, audio, 2], "chosen_labels": [-100] * 4 + [2],
+            "rejected_input_ids": [1, vision, vision, vision, audio, audio, 3], "rejected_labels": [-100] * 7}
+    got = cost(pair)
+    assert (got.input_tokens, got.label_tokens) == (2 * 8, 1)
+    assert got.vision_patches == (2 + 3) * 2 ** 2
+    assert got.audio_frames == (1 + 2) * FRAMES_PER_AUDIO_TOKEN
+
+
 def test_dpo_refuses_groups_mode_and_padding_free_and_other_stages_keep_their_refusal(tmp_path, text_model,
                                                                                      pair_data):
     import odb_factory_patches

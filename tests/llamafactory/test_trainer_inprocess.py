@@ -304,6 +304,25 @@ def test_dpo_samples_mode_trains_the_standard_model_in_process(trained, tmp_path
     for key in ("eval_loss", "eval_rewards/chosen", "eval_rewards/margins", "eval_logps/chosen"):
         assert odb_eval[key] == pytest.approx(std_eval[key], rel=1e-5), key
 
+    # outside the training loop the mixin keeps the DPO trainer's interface: a batch without
+    # weights gets its own mean, its outputs on request, metrics named for the split asked
+    import torch
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
+    with torch.no_grad():
+        loss, outputs = trainer.compute_loss(trainer.model, dict(batch), return_outputs=True)
+        mean, metrics = trainer.get_batch_loss_metrics(trainer.model, dict(batch))
+        for evaluated in (trainer.get_batch_loss_metrics(trainer.model, dict(batch), "eval"),
+                          trainer.get_batch_loss_metrics(trainer.model, dict(batch), train_eval="eval")):
+            assert evaluated[0].item() == pytest.approx(mean.item(), rel=1e-6)
+            assert sorted(evaluated[1]) == sorted("eval_" + key for key in metrics)
+    assert loss.item() == pytest.approx(mean.item(), rel=1e-6) and "rewards/margins" in metrics
+    assert sorted(outputs) == sorted(metrics)
+    logps = dict(zip(("policy_chosen_logps", "policy_rejected_logps", "reference_chosen_logps",
+                      "reference_rejected_logps"), torch.tensor([[-3.0, -4.0], [-5.0, -4.5], [-3.5, -4.0], [-4.0, -4.2]])))
+    by_name = trainer.compute_preference_loss(**logps)
+    assert trainer._odb_pair_losses is by_name[0]
+    assert all(torch.equal(a, b) for a, b in zip(by_name, trainer.compute_preference_loss(*logps.values())))
+
 
 def _encoder_stages_on_rank(rank, world, model_type, audio, vision, explicit_ranks_per_node):
     """The trainer's encoder-stage choice on this rank, for a model of `model_type`: per stage,
@@ -403,3 +422,15 @@ def test_padding_free_is_settled_by_the_loaded_model_where_the_recipe_could_not(
         "ODB: padded groups (odb_packed_attention: mask without flash attention builds a dense (Σ len)² mask per "
         "row, which can cost more than the padding)",
         "ODB: padded groups (model type 'gemma3' is not verified for packed rows)"]
+
+
+def test_what_the_loaded_model_cannot_train_is_refused_where_the_recipe_could_not_tell(trained, tmp_path, text_model,
+                                                                                        pt_data, monkeypatch):
+    """A hub id's config.json is not read at parse time: the trainer refuses, once the model is
+    loaded, what its type cannot train, in the words of the parse-time refusal."""
+    from odb_factory.llamafactory import arguments
+    monkeypatch.setattr(arguments, "check_model", lambda odb, raw: None)  # as for a hub id
+    with pytest.raises(ValueError, match=r"^odb_balance_stages: \[vision\] supports Qwen3-VL and Qwen2.5-Omni models; "
+                                         r"this model is 'qwen3'\. Use odb_balance_stages: \[llm\]$"):
+        trained(_pt(text_model, pt_data, tmp_path / "odb", odb_enable=True, odb_balance=True,
+                    odb_balance_stages=["llm", "vision"]))
