@@ -19,6 +19,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def child_env() -> dict:
+    """This process's environment for a child Python process that imports odb_factory and the
+    tests: the checkout after the inherited path (`make mutation` puts its mutated copy first)."""
+    root = str(Path(__file__).resolve().parents[2])
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), root])))
+
+
 # Ranks fork from a forkserver that has imported these (a fresh, single-threaded process, not
 # the test process): each rank then starts in milliseconds instead of importing torch anew,
 # which costs seconds a rank on a 2-core machine. No test function runs in the server.

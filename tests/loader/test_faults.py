@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.helpers.distributed import run_world
+from tests.helpers.distributed import child_env, run_world
 
 N = 120
 TIMEOUT = 20.0   # ODBConfig.sync_timeout_s in these worlds: an error must come well before it
@@ -151,6 +151,44 @@ def _break_then_continue(rank, world, break_at):
         except Exception as exc:
             outcome.append((f"{type(exc).__name__}: {exc}", time.monotonic() - start, steps))
     return outcome
+
+
+class StallingDataset:
+    """600 samples; sample `stalled` takes 15 s to load (a stalled file system)."""
+
+    def __init__(self, stalled):
+        from odb_factory.synthetic import LengthDataset, long_tail_lengths
+        self.inner = LengthDataset(long_tail_lengths(600, cv=1.0, mean=40, seed=3, maximum=300))
+        self.stalled = stalled
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, index):
+        if index == self.stalled:
+            time.sleep(15.0)
+        return self.inner[index]
+
+
+def _stall_on_rank_1(rank, world):
+    from odb_factory.planning.views import epoch_view
+    late = epoch_view(600, world, 1, 0, 0)[-4]   # past the samples fetched ahead of the first rounds
+    loader = _loader(rank, dataset=StallingDataset(late if rank == 1 else None), sync_timeout_s=5.0)
+    try:
+        return _timed_epoch(loader, rank, 1)[0]
+    finally:
+        loader.close()
+
+
+def test_a_stalled_peer_is_named_with_the_round_it_never_reached():
+    """Groups mode: the rank left waiting names the exchange, its epoch and round (the sample
+    stalls among rank 1's last, rounds into the epoch), and the rank that never came."""
+    import re
+    waiting, _ = run_world(_stall_on_rank_1, 2, timeout=180)
+    where = re.search(r"ODB alignment exchange '(status|costs)' failed on rank 0/2 \(epoch 0, round (\d+)\)",
+                      waiting or "")
+    assert where is not None and int(where.group(2)) >= 2, waiting
+    assert "Rank(s) [1] never entered this exchange" in waiting, waiting
 
 
 def test_ranks_breaking_at_different_steps_get_an_error_not_a_mismatch():
@@ -309,7 +347,7 @@ def test_a_killed_rank_leaves_no_worker_process_behind():
     import sys
     from pathlib import Path
     script = Path(__file__).resolve().parents[1] / "helpers" / "scripts" / "loader_then_sleep.py"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    env = child_env()
     rank = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     workers = []
     try:

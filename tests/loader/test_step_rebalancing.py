@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.distributed import free_port, run_world
+from tests.helpers.distributed import child_env, free_port, run_world
 
 N = 151
 
@@ -59,7 +58,7 @@ def test_two_nodes_of_two_ranks_via_torchrun(tmp_path):
     conserved, and the exchange's byte accounting follows torchrun's node layout."""
     script = Path(__file__).parents[1] / "helpers" / "scripts" / "balance_nodes.py"
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]))
+    env = child_env()
     procs = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
          "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
