@@ -228,6 +228,24 @@ def _mismatched_option(rank, world, field, values):
     return None
 
 
+def _other_dataset_length(rank, world):
+    from odb_factory.synthetic import LengthDataset, long_tail_lengths
+    loader = _loader(rank, dataset=LengthDataset(long_tail_lengths(N - rank, cv=1.0, mean=40, seed=3, maximum=300)))
+    try:
+        list(loader)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        loader.close()
+    return None
+
+
+def test_ranks_with_datasets_of_different_lengths_are_refused():
+    zero, one = run_world(_other_dataset_length, 2, timeout=120)
+    assert zero is not None and f"ODB option 'dataset_length' differs between rank 0 ({N}) and rank 1 ({N - 1})" in zero
+    assert one is not None and f"ODB option 'dataset_length' differs between rank 1 ({N - 1}) and rank 0 ({N})" in one
+
+
 @pytest.mark.parametrize("field,values", [("outstanding_depth", (2, 16)),
                                           ("pad_epoch_to_accumulation", (True, False))])
 def test_options_that_change_planning_must_agree(field, values):
@@ -325,6 +343,29 @@ def _reiterate(rank, world):
 def test_reiterating_an_epoch_counts_steps_from_zero():
     results = run_world(_reiterate, 2, timeout=120)
     assert results[0] == results[1] == list(range(len(results[0])))
+
+
+def _leave_in_the_last_step(rank, world):
+    """Groups mode, non-join (its last round closes with the quota: no exchange after it),
+    planning in the training thread: count the epoch's steps, then train the epoch again with
+    rank 1 leaving in its last step."""
+    loader = _loader(rank, join=False)
+    last = sum(1 for _ in loader) - 1
+    start, trained = time.monotonic(), 0
+    for step in loader:
+        trained += 1
+        if rank == 1 and step.step == last:
+            break
+    loader.close()
+    return trained, last, time.monotonic() - start
+
+
+def test_leaving_after_the_last_round_waits_for_no_peer():
+    """No exchange follows the last round: a rank leaving in the epoch's last step has no peer
+    to tell, and must not wait for one (sync_timeout_s) to take its notice."""
+    (zero, last, _), (one, _, seconds) = run_world(_leave_in_the_last_step, 2, timeout=180)
+    assert zero == one == last + 1
+    assert seconds < TIMEOUT / 2, f"rank 1 left after {seconds:.0f}s"
 
 
 def _alive(pid: int) -> bool:

@@ -76,3 +76,54 @@ def test_ledgers_three_epochs(world, join, workers, collate_workers, start_metho
         assert len(set(r["children"])) == 1
         assert r["children"][0] == workers + collate_workers
         assert r["after_close"] == 0
+
+
+def _loss_scales(rank, world):
+    from odb_factory import ODBConfig, ODBDataLoader
+    from odb_factory.synthetic import LengthDataset, long_tail_lengths, pad_collate
+    ds = LengthDataset(long_tail_lengths(120, cv=1.0, mean=40, seed=3, maximum=300))
+    loader = ODBDataLoader(ds, ODBConfig(token_budget=256, buffer_size=8, outstanding_depth=2, loss_scaling="none",
+                                         sync_timeout_s=60), collate_fn=pad_collate)
+    scales = [(step.is_idle, step.loss_scale) for step in loader]
+    loader.close()
+    return scales
+
+
+def test_an_idle_step_trains_with_weight_zero_whatever_the_loss_scaling():
+    """`loss_scaling: none` leaves a group's loss as computed (scale 1), but an IDLE step's
+    filler batch must still add nothing to the gradient (scale 0), while its peers' steps
+    carry supervised tokens."""
+    scales = [s for rank in run_world(_loss_scales, 3, timeout=120) for s in rank]
+    assert (True, 0.0) in scales, "this world trains no IDLE step"
+    assert set(scales) == {(True, 0.0), (False, 1.0)}
+
+
+def _accumulation_windows(rank, world):
+    from odb_factory import ODBConfig, ODBDataLoader
+    from odb_factory.synthetic import LengthDataset, long_tail_lengths, pad_collate
+    ds = LengthDataset(long_tail_lengths(120, cv=1.0, mean=40, seed=3, maximum=300))
+    loader = ODBDataLoader(ds, ODBConfig(token_budget=256, buffer_size=8, outstanding_depth=2,
+                                         gradient_accumulation_steps=3, pad_epoch_to_accumulation=True,
+                                         sync_timeout_s=60), collate_fn=pad_collate)
+    steps = [(step.is_idle, step.label_tokens, step.global_label_tokens, step.padded_tokens, step.loss_scale)
+             for step in loader]
+    loader.close()
+    return steps
+
+
+def test_idle_steps_complete_the_last_accumulation_window_with_nothing():
+    """pad_epoch_to_accumulation: IDLE steps fill the epoch's last window of 3 micro-steps; they
+    carry no tokens, so every step of a window reports the window's supervised tokens summed
+    over its steps and ranks, and each rank's loss scales of a window sum to its share of them."""
+    world = 3
+    ranks = run_world(_accumulation_windows, world, timeout=120)
+    assert len({len(steps) for steps in ranks}) == 1 and len(ranks[0]) % 3 == 0
+    assert any(steps[-1][0] for steps in ranks), "no rank's last window was filled"
+    for start in range(0, len(ranks[0]), 3):
+        windows = [steps[start:start + 3] for steps in ranks]
+        total = sum(label for window in windows for _, label, *_ in window)
+        assert {global_tokens for window in windows for _, _, global_tokens, *_ in window} == {total}
+        for window in windows:
+            assert all(padded == 0 for idle, _, _, padded, _ in window if idle)
+            assert sum(scale for *_, scale in window) == pytest.approx(
+                world * sum(label for _, label, *_ in window) / total)

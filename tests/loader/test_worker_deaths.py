@@ -83,3 +83,24 @@ def test_every_dead_worker_is_named_in_one_message():
         list(named_worker_deaths(Loader(), "collate", 1))
     assert str(raised.value) == ("collate worker pid 11 was killed by signal 9, pid 14 exited with code 2 "
                                  "on rank 1 " + HINT)
+
+
+def _sigchld_handler_kept(rank, world):
+    from odb_factory import ODBConfig, ODBDataLoader
+    from odb_factory.synthetic import LengthDataset, pad_collate
+    before = signal.getsignal(signal.SIGCHLD)
+    loader = ODBDataLoader(LengthDataset([10] * 8), ODBConfig(token_budget=64), collate_fn=pad_collate,
+                           num_workers=1, num_collate_workers=1)
+    try:
+        return len(list(loader)) > 0 and signal.getsignal(signal.SIGCHLD) is before
+    finally:
+        loader.close()
+
+
+def test_the_loader_gives_the_sigchld_handler_back():
+    """torch's DataLoader installs a SIGCHLD handler with a process's first workers, which raises
+    a dead worker's error wherever the main thread is (inside the user's step, where no peer
+    hears of it); the loader starts its workers in the main thread and puts the handler back.
+    (A fresh process: torch installs the handler once per process.)"""
+    from tests.helpers.distributed import run_world
+    assert run_world(_sigchld_handler_kept, 1, timeout=120) == [True]
