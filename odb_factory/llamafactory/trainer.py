@@ -124,7 +124,7 @@ class ODBTrainerMixin:
         attention packed rows need; logs which and why. Returns that attention (None: padded)."""
         if model is None:
             return None
-        flash = getattr(decoder_config(model), "_attn_implementation", None) in FLASH_IMPLEMENTATIONS
+        flash = decoder_config(model)._attn_implementation in FLASH_IMPLEMENTATIONS  # every config has one
         if not self._odb.decide_padding_free(getattr(model.config, "model_type", None), flash):
             logger.info("ODB: padded groups (%s)", self._odb.padding_free_reason)
             return None
@@ -300,7 +300,7 @@ class ODBTrainerMixin:
         if positions is not None:
             inputs["logits_to_keep"] = positions
         outputs = model(**inputs)
-        logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
+        logits = outputs.logits  # a ModelOutput
         loss = weighted_token_sum(logits.float(), labels.to(logits.device), weights.to(logits.device),
                                   positions=None if positions is None else positions.to(logits.device))
         return (loss, outputs) if return_outputs else loss
