@@ -280,7 +280,7 @@ class ODBDataLoader:
         planner = None if optimizer_steps is not None else RankPlanner(
             Budget.from_config(cfg), cfg.buffer_size, store.stream(), rank=self.rank,
             over_budget=cfg.over_budget, quota=quota, shuffle_seed=f"{cfg.seed}:{epoch}")
-        first = view[0] if view else self.rank % self.num_samples
+        first = view[0]  # (every rank has samples: __init__ refuses fewer samples than ranks)
         epoch_planner = EpochPlanner(planner, store, self.sync, epoch, cfg.gradient_accumulation_steps,
                                      filler=lambda: self.dataset[first],
                                      step_offset=self.metrics.epoch_steps.get(epoch, 0),

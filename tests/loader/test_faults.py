@@ -5,6 +5,7 @@ promises. Every world has a hard deadline (run_world's timeout), so a hang fails
 from __future__ import annotations
 
 import pickle
+import re
 import time
 
 import pytest
@@ -106,7 +107,7 @@ def _worker_killed(rank, world, role):
 @pytest.mark.parametrize("role", ["sample", "collate"])
 def test_killed_worker_is_named_and_reaches_the_peer(role):
     (peer_text, peer_at, _), (text, own_at, killed_at) = run_world(_worker_killed, 2, role, timeout=120)
-    assert text is not None and "killed by signal" in text, text
+    assert text is not None and re.search(rf"{role} worker pid \d+ was killed by signal 9 on rank 1", text), text
     assert peer_text is not None, "the peer finished the epoch although rank 1 lost a worker"
     assert "rank 1" in peer_text, peer_text
     for at in (peer_at, own_at):
@@ -183,7 +184,6 @@ def _stall_on_rank_1(rank, world):
 def test_a_stalled_peer_is_named_with_the_round_it_never_reached():
     """Groups mode: the rank left waiting names the exchange, its epoch and round (the sample
     stalls among rank 1's last, rounds into the epoch), and the rank that never came."""
-    import re
     waiting, _ = run_world(_stall_on_rank_1, 2, timeout=180)
     where = re.search(r"ODB alignment exchange '(status|costs)' failed on rank 0/2 \(epoch 0, round (\d+)\)",
                       waiting or "")
@@ -366,6 +366,25 @@ def test_leaving_after_the_last_round_waits_for_no_peer():
     (zero, last, _), (one, _, seconds) = run_world(_leave_in_the_last_step, 2, timeout=180)
     assert zero == one == last + 1
     assert seconds < TIMEOUT / 2, f"rank 1 left after {seconds:.0f}s"
+
+
+def _late_for_the_second_epoch(rank, world):
+    loader = _loader(rank, sync_timeout_s=3.0)
+    list(loader)
+    if rank == 1:
+        time.sleep(8.0)    # e.g. a long evaluation on this rank only
+    loader.set_epoch(1)
+    try:
+        return _timed_epoch(loader, rank, 1)[0]
+    finally:
+        loader.close()
+
+
+def test_a_peer_late_for_an_epoch_is_named_with_the_epoch_it_never_started():
+    waiting, _ = run_world(_late_for_the_second_epoch, 2, timeout=180)
+    assert waiting is not None and waiting.startswith(
+        "ODBSyncError: ODB alignment exchange 'epoch start' failed on rank 0/2 (epoch 1, round -1) after "), waiting
+    assert "Rank(s) [1] never entered this exchange" in waiting, waiting
 
 
 def _alive(pid: int) -> bool:

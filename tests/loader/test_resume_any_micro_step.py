@@ -72,3 +72,32 @@ def test_a_state_saved_after_any_micro_step_resumes_exactly(mode):
             assert sorted(resumed) == sorted(range(N)), (mode, point)
         else:
             assert len(resumed) == N, (mode, point)
+
+
+def _resume_twice_in_one_optimizer_step(rank, world, mode):
+    """Save two micro-steps into an optimizer step of three or more, resume, train one more
+    micro-step, save again (the resumed loader's position counts the micro-steps it skipped),
+    resume again: the rest is the uninterrupted run's."""
+    loader = _loader(mode)
+    full = [(_record(s), s.optimizer_step_end) for s in loader]
+    loader.close()
+    point = 2 + next(i for i in range(len(full) - 2)
+                     if (i == 0 or full[i - 1][1]) and not full[i][1] and not full[i + 1][1])
+    state, trained = None, []
+    for stop in (point, point + 1, None):
+        part = _loader(mode)
+        if state is not None:
+            part.load_state_dict(state)
+        for step in part:
+            trained.append(_record(step))
+            if len(trained) == stop:
+                break
+        state = part.state_dict()
+        part.close()
+    return [r for r, _ in full], trained, point
+
+
+@pytest.mark.parametrize("mode", ["samples", "samples, padding-free, balanced"])
+def test_a_resumed_run_saved_again_in_the_same_optimizer_step_resumes_exactly(mode):
+    for full, trained, point in run_world(_resume_twice_in_one_optimizer_step, 2, mode, timeout=180):
+        assert trained == full, (mode, point)
