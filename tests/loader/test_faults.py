@@ -154,6 +154,34 @@ def _break_then_continue(rank, world, break_at):
     return outcome
 
 
+def _slow_rank_outlived_by_its_plans(rank, world):
+    """Rank 1 leaves after step 3; rank 0, slower (a long step), has planned steps ahead in its
+    planner thread when it learns of it."""
+    loader = _loader(rank, workers=1)
+    steps = []
+    try:
+        for step in loader:
+            steps.append(step.step)
+            if rank == 1 and step.step == 3:
+                break
+            if rank == 0:
+                time.sleep(0.5)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}", steps
+    finally:
+        loader.close()
+    return None, steps
+
+
+def test_a_peers_departure_lets_the_steps_it_trained_through():
+    """Planned steps the departed peer trained too are still trained (its gradients match
+    them); the first step past its last is refused, naming where it left."""
+    (text, steps), (left, trained) = run_world(_slow_rank_outlived_by_its_plans, 2, timeout=120)
+    assert left is None and trained == [0, 1, 2, 3]
+    assert steps == [0, 1, 2, 3], (steps, text)
+    assert text is not None and "rank 1 stopped iterating epoch 0 after step 3" in text, text
+
+
 class StallingDataset:
     """600 samples; sample `stalled` takes 15 s to load (a stalled file system)."""
 
