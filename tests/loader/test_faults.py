@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.helpers.distributed import child_env, run_world
+from tests.helpers.stalling import StallsAt
 
 N = 120
 TIMEOUT = 20.0   # ODBConfig.sync_timeout_s in these worlds: an error must come well before it
@@ -182,27 +183,13 @@ def test_a_peers_departure_lets_the_steps_it_trained_through():
     assert text is not None and "rank 1 stopped iterating epoch 0 after step 3" in text, text
 
 
-class StallingDataset:
-    """600 samples; sample `stalled` takes 15 s to load (a stalled file system)."""
-
-    def __init__(self, stalled):
-        from odb_factory.synthetic import LengthDataset, long_tail_lengths
-        self.inner = LengthDataset(long_tail_lengths(600, cv=1.0, mean=40, seed=3, maximum=300))
-        self.stalled = stalled
-
-    def __len__(self):
-        return len(self.inner)
-
-    def __getitem__(self, index):
-        if index == self.stalled:
-            time.sleep(15.0)
-        return self.inner[index]
-
-
 def _stall_on_rank_1(rank, world):
     from odb_factory.planning.views import epoch_view
+    from odb_factory.synthetic import LengthDataset, long_tail_lengths
     late = epoch_view(600, world, 1, 0, 0)[-4]   # past the samples fetched ahead of the first rounds
-    loader = _loader(rank, dataset=StallingDataset(late if rank == 1 else None), sync_timeout_s=5.0)
+    dataset = StallsAt(LengthDataset(long_tail_lengths(600, cv=1.0, mean=40, seed=3, maximum=300)),
+                       late if rank == 1 else None)
+    loader = _loader(rank, dataset=dataset, sync_timeout_s=5.0)
     try:
         return _timed_epoch(loader, rank, 1)[0]
     finally:

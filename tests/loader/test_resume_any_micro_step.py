@@ -35,24 +35,29 @@ def _record(step):
     return (step.step, tuple(step.indices), tuple(round(w, 12) for w in step.sample_weights), step.is_idle)
 
 
-def _save_points_resume(rank, world, mode, points):
+def _train_part(mode, state, records, stop=None):
+    """Train from `state` (None: the epoch's start), appending to `records` until it holds
+    `stop` steps (None: to the epoch's end); returns the state saved there."""
     loader = _loader(mode)
-    full = [_record(s) for s in loader]
+    if state is not None:
+        loader.load_state_dict(state)
+    for step in loader:
+        records.append(_record(step))
+        if len(records) == stop:
+            break
+    state = loader.state_dict()
     loader.close()
+    return state
+
+
+def _save_points_resume(rank, world, mode, points):
+    full = []
+    _train_part(mode, None, full)
     results = []
     for point in points:
-        first = _loader(mode)
-        head = []
-        for step in first:
-            head.append(_record(step))
-            if len(head) == point:
-                break
-        state = first.state_dict()
-        first.close()
-        second = _loader(mode)
-        second.load_state_dict(state)
-        results.append((point, head, [_record(s) for s in second]))
-        second.close()
+        head, rest = [], []
+        _train_part(mode, _train_part(mode, None, head, point), rest)
+        results.append((point, head, rest))
     return full, results
 
 
@@ -85,15 +90,7 @@ def _resume_twice_in_one_optimizer_step(rank, world, mode):
                      if (i == 0 or full[i - 1][1]) and not full[i][1] and not full[i + 1][1])
     state, trained = None, []
     for stop in (point, point + 1, None):
-        part = _loader(mode)
-        if state is not None:
-            part.load_state_dict(state)
-        for step in part:
-            trained.append(_record(step))
-            if len(trained) == stop:
-                break
-        state = part.state_dict()
-        part.close()
+        state = _train_part(mode, state, trained, stop)
     return [r for r, _ in full], trained, point
 
 

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.helpers.distributed import run_world
+from tests.helpers.stalling import StallsAt
 
 N = 101
 BATCH, ACCUMULATION, PAD = 4, 2, 8
@@ -81,21 +82,6 @@ def test_every_micro_step_carries_its_optimizer_steps_global_counts(balance):
                     assert m["padded"] == m["data_padded"]
 
 
-class HangsAt:
-    """The data set whose sample `index` takes 15 s to load (a stalled file system)."""
-
-    def __init__(self, index):
-        self.inner, self.index = _dataset(), index
-
-    def __len__(self):
-        return len(self.inner)
-
-    def __getitem__(self, index):
-        if index == self.index:
-            time.sleep(15.0)
-        return self.inner[index]
-
-
 def _hang_in_step(rank, world, hang_rank, hang_step, resume_after):
     """Train `resume_after` optimizer steps, save, resume in a fresh loader whose dataset hangs
     (on rank `hang_rank`) at the first sample of optimizer step `hang_step`; return the error.
@@ -114,7 +100,7 @@ def _hang_in_step(rank, world, hang_rank, hang_step, resume_after):
     first.close()
 
     stuck = fixed_batch_steps(N, world, hang_rank, BATCH, ACCUMULATION, config.seed, 0)[hang_step].indices[0]
-    dataset = HangsAt(stuck if rank == hang_rank else None)
+    dataset = StallsAt(_dataset(), stuck if rank == hang_rank else None)
     resumed = ODBDataLoader(dataset, config, collate_fn=pad_collate)
     resumed.load_state_dict(state)
     try:
