@@ -434,3 +434,25 @@ def test_what_the_loaded_model_cannot_train_is_refused_where_the_recipe_could_no
                                          r"this model is 'qwen3'\. Use odb_balance_stages: \[llm\]$"):
         trained(_pt(text_model, pt_data, tmp_path / "odb", odb_enable=True, odb_balance=True,
                     odb_balance_stages=["llm", "vision"]))
+
+
+def test_supervised_logits_need_a_forward_that_takes_logits_to_keep(text_model):
+    """`odb_supervised_logits` reads the forward's signature: a LoRA model's own forward takes
+    only *args/**kwargs, so its base model's is read; a model without `logits_to_keep` computes
+    logits at every position, which the log says with the model's class."""
+    from types import SimpleNamespace
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from odb_factory.llamafactory.arguments import parse_odb_arguments
+    from odb_factory.llamafactory.trainer import ODBTrainerMixin, takes_logits_to_keep
+    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(text_model), LoraConfig(target_modules=["q_proj"]))
+    assert "logits_to_keep" not in __import__("inspect").signature(lora.forward).parameters
+    trainer = SimpleNamespace(_odb=parse_odb_arguments({"odb_enable": True}))
+    assert trainer._odb.adapter.supervised_logits
+    with _odb_log_lines(logging.INFO) as (lines, _):
+        assert takes_logits_to_keep(lora) and ODBTrainerMixin._odb_choose_supervised_logits(trainer, lora) is True
+        assert ODBTrainerMixin._odb_choose_supervised_logits(trainer, torch.nn.Linear(2, 2)) is False
+    assert lines == ["ODB: logits at every position (Linear.forward takes no logits_to_keep)"]
