@@ -440,6 +440,7 @@ def test_supervised_logits_need_a_forward_that_takes_logits_to_keep(text_model):
     """`odb_supervised_logits` reads the forward's signature: a LoRA model's own forward takes
     only *args/**kwargs, so its base model's is read; a model without `logits_to_keep` computes
     logits at every position, which the log says with the model's class."""
+    import inspect
     from types import SimpleNamespace
 
     import torch
@@ -449,7 +450,7 @@ def test_supervised_logits_need_a_forward_that_takes_logits_to_keep(text_model):
     from odb_factory.llamafactory.arguments import parse_odb_arguments
     from odb_factory.llamafactory.trainer import ODBTrainerMixin, takes_logits_to_keep
     lora = get_peft_model(AutoModelForCausalLM.from_pretrained(text_model), LoraConfig(target_modules=["q_proj"]))
-    assert "logits_to_keep" not in __import__("inspect").signature(lora.forward).parameters
+    assert "logits_to_keep" not in inspect.signature(lora.forward).parameters
     trainer = SimpleNamespace(_odb=parse_odb_arguments({"odb_enable": True}))
     assert trainer._odb.adapter.supervised_logits
     with _odb_log_lines(logging.INFO) as (lines, _):
